@@ -1,0 +1,229 @@
+# SPDX-License-Identifier: Apache-2.0
+"""A small ctypes layer over the system libbpf (libbpf.so.1, tested with 1.1.2).
+
+Only the calls the agent needs. libbpf 1.x returns NULL or a negative errno and sets errno, so
+every wrapper raises BpfError with the OS error text.
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+
+_lib = ctypes.CDLL(os.environ.get("LIBBPF_SO", "libbpf.so.1"), use_errno=True)
+
+_vp = ctypes.c_void_p
+_cp = ctypes.c_char_p
+
+
+def _sig(name: str, restype, *argtypes) -> None:
+    fn = getattr(_lib, name)
+    fn.restype = restype
+    fn.argtypes = list(argtypes)
+
+
+_sig("bpf_object__open_file", _vp, _cp, _vp)
+_sig("bpf_object__load", ctypes.c_int, _vp)
+_sig("bpf_object__close", None, _vp)
+_sig("bpf_object__find_program_by_name", _vp, _vp, _cp)
+_sig("bpf_object__find_map_by_name", _vp, _vp, _cp)
+_sig("bpf_program__set_autoload", ctypes.c_int, _vp, ctypes.c_bool)
+_sig("bpf_program__fd", ctypes.c_int, _vp)
+_sig("bpf_program__attach", _vp, _vp)
+_sig("bpf_program__attach_cgroup", _vp, _vp, ctypes.c_int)
+_sig("bpf_program__attach_uprobe_opts", _vp, _vp, ctypes.c_int, _cp, ctypes.c_size_t, _vp)
+_sig("bpf_link__destroy", ctypes.c_int, _vp)
+_sig("bpf_map__fd", ctypes.c_int, _vp)
+_sig("bpf_map__initial_value", _vp, _vp, ctypes.POINTER(ctypes.c_size_t))
+_sig("bpf_map__set_pin_path", ctypes.c_int, _vp, _cp)
+_sig("bpf_map__unpin", ctypes.c_int, _vp, _cp)
+_sig("bpf_prog_attach", ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_uint)
+_sig("bpf_prog_detach2", ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int)
+_sig("bpf_map_lookup_elem", ctypes.c_int, ctypes.c_int, _vp, _vp)
+_sig("bpf_map_get_next_key", ctypes.c_int, ctypes.c_int, _vp, _vp)
+_sig("bpf_map_delete_elem", ctypes.c_int, ctypes.c_int, _vp)
+_sig("libbpf_num_possible_cpus", ctypes.c_int)
+
+# enum bpf_attach_type (include/uapi/linux/bpf.h)
+BPF_SK_MSG_VERDICT = 7
+
+
+class BpfError(OSError):
+    pass
+
+
+def _raise(what: str, err: int | None = None) -> None:
+    err = abs(err) if err else ctypes.get_errno()
+    raise BpfError(err, f"{what}: {os.strerror(err)}")
+
+
+class _UprobeOpts(ctypes.Structure):
+    # struct bpf_uprobe_opts as of libbpf 1.1; sz tells newer libbpf which fields we know.
+    _fields_ = [
+        ("sz", ctypes.c_size_t),
+        ("ref_ctr_offset", ctypes.c_size_t),
+        ("bpf_cookie", ctypes.c_uint64),
+        ("retprobe", ctypes.c_bool),
+        ("func_name", ctypes.c_char_p),
+    ]
+
+
+def num_possible_cpus() -> int:
+    n = _lib.libbpf_num_possible_cpus()
+    if n <= 0:
+        _raise("libbpf_num_possible_cpus", n)
+    return n
+
+
+class Link:
+    """A bpf_link (destroyed on detach) or a legacy prog->target attachment (detached)."""
+
+    def __init__(self, name: str, ptr: int | None = None, legacy: tuple[int, int, int] | None = None):
+        self.name, self._ptr, self._legacy = name, ptr, legacy
+
+    def destroy(self) -> None:
+        if self._ptr:
+            _lib.bpf_link__destroy(self._ptr)
+            self._ptr = None
+        if self._legacy:
+            _lib.bpf_prog_detach2(*self._legacy)
+            self._legacy = None
+
+
+class Map:
+    def __init__(self, ptr: int, name: str):
+        self._ptr, self.name = ptr, name
+
+    @property
+    def fd(self) -> int:
+        return _lib.bpf_map__fd(self._ptr)
+
+    def set_pin_path(self, path: str) -> None:
+        err = _lib.bpf_map__set_pin_path(self._ptr, path.encode())
+        if err:
+            _raise(f"pin path {path}", err)
+
+    def unpin(self) -> None:
+        _lib.bpf_map__unpin(self._ptr, None)
+
+    def initial_value(self) -> tuple[int, int]:
+        size = ctypes.c_size_t()
+        ptr = _lib.bpf_map__initial_value(self._ptr, ctypes.byref(size))
+        if not ptr:
+            _raise(f"initial value of {self.name}")
+        return ptr, size.value
+
+    def write_initial(self, data: bytes) -> None:
+        """Overwrite the start of a .rodata/.data map before load."""
+        ptr, size = self.initial_value()
+        if len(data) > size:
+            raise ValueError(f"{self.name}: {len(data)} bytes do not fit in {size}")
+        ctypes.memmove(ptr, data, len(data))
+
+    def keys(self, key_size: int) -> list[bytes]:
+        out, cur = [], None
+        nxt = ctypes.create_string_buffer(key_size)
+        while True:
+            err = _lib.bpf_map_get_next_key(self.fd, cur, nxt)
+            if err:
+                return out
+            out.append(nxt.raw)
+            cur = ctypes.create_string_buffer(nxt.raw, key_size)
+
+    def lookup(self, key: bytes, value_size: int) -> bytes | None:
+        kbuf = ctypes.create_string_buffer(key, len(key))
+        vbuf = ctypes.create_string_buffer(value_size)
+        if _lib.bpf_map_lookup_elem(self.fd, kbuf, vbuf):
+            return None
+        return vbuf.raw
+
+    def items(self, key_size: int, value_size: int) -> list[tuple[bytes, bytes]]:
+        out = []
+        for k in self.keys(key_size):
+            v = self.lookup(k, value_size)
+            if v is not None:
+                out.append((k, v))
+        return out
+
+
+class Program:
+    def __init__(self, ptr: int, name: str):
+        self._ptr, self.name = ptr, name
+
+    @property
+    def fd(self) -> int:
+        return _lib.bpf_program__fd(self._ptr)
+
+    def set_autoload(self, on: bool) -> None:
+        err = _lib.bpf_program__set_autoload(self._ptr, on)
+        if err:
+            _raise(f"autoload {self.name}", err)
+
+    def attach(self) -> Link:
+        """Attach by SEC() name (tracepoints, fentry)."""
+        ptr = _lib.bpf_program__attach(self._ptr)
+        if not ptr:
+            _raise(f"attach {self.name}")
+        return Link(self.name, ptr=ptr)
+
+    def attach_cgroup(self, cgroup_path: str) -> Link:
+        fd = os.open(cgroup_path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            ptr = _lib.bpf_program__attach_cgroup(self._ptr, fd)
+            if not ptr:
+                _raise(f"attach {self.name} to cgroup {cgroup_path}")
+        finally:
+            os.close(fd)
+        return Link(self.name, ptr=ptr)
+
+    def attach_to_map(self, m: Map, attach_type: int) -> Link:
+        err = _lib.bpf_prog_attach(self.fd, m.fd, attach_type, 0)
+        if err:
+            _raise(f"attach {self.name} to map {m.name}", err)
+        return Link(self.name, legacy=(self.fd, m.fd, attach_type))
+
+    def attach_uprobe(self, binary: str, symbol: str, retprobe: bool, cookie: int, pid: int = -1) -> Link:
+        opts = _UprobeOpts(sz=ctypes.sizeof(_UprobeOpts), bpf_cookie=cookie, retprobe=retprobe,
+                           func_name=symbol.encode())
+        ptr = _lib.bpf_program__attach_uprobe_opts(self._ptr, pid, binary.encode(), 0, ctypes.byref(opts))
+        if not ptr:
+            _raise(f"attach {self.name} to {binary}:{symbol}")
+        return Link(f"{self.name}:{symbol}", ptr=ptr)
+
+
+class Object:
+    """One opened .bpf.o. Use as a context manager or call close()."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self._ptr = _lib.bpf_object__open_file(path.encode(), None)
+        if not self._ptr:
+            _raise(f"open {path}")
+
+    def program(self, name: str) -> Program:
+        ptr = _lib.bpf_object__find_program_by_name(self._ptr, name.encode())
+        if not ptr:
+            raise KeyError(f"{self.path}: no program {name}")
+        return Program(ptr, name)
+
+    def map(self, name: str) -> Map:
+        ptr = _lib.bpf_object__find_map_by_name(self._ptr, name.encode())
+        if not ptr:
+            raise KeyError(f"{self.path}: no map {name}")
+        return Map(ptr, name)
+
+    def load(self) -> None:
+        err = _lib.bpf_object__load(self._ptr)
+        if err:
+            _raise(f"load {self.path}", err)
+
+    def close(self) -> None:
+        if self._ptr:
+            _lib.bpf_object__close(self._ptr)
+            self._ptr = None
+
+    def __enter__(self) -> "Object":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
