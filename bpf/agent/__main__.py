@@ -1,0 +1,66 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Entry point: `python -m agent [flags]` from the bpf/ directory (PYTHONPATH=bpf elsewhere)."""
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+
+from prometheus_client import REGISTRY, start_http_server
+
+from . import config
+from .cgroups import CgroupResolver, find_cgroup2_mount
+from .metrics import AgentCollector
+from .programs import CudaLat, SockRedir, TcpBackpressure, Unit
+
+log = logging.getLogger("agent")
+
+
+def build_units(s: config.Settings, cgroup_path: str) -> list[Unit]:
+    common = dict(bpf_dir=s.bpf_dir, pin_dir=s.pin_dir, unpin_on_exit=s.unpin_on_exit)
+    units: list[Unit] = []
+    if "sockredir" in s.programs:
+        units.append(SockRedir(name="sockredir", ports=s.ports, cgroup_path=cgroup_path, **common))
+    if "cudalat" in s.programs:
+        units.append(CudaLat(name="cudalat", libraries=s.cuda_libs,
+                             scan_proc=s.proc_dir if s.cuda_scan else None, **common))
+    if "tcpbp" in s.programs:
+        units.append(TcpBackpressure(name="tcpbp", mode=s.tcpbp_mode,
+                                     threshold_pct=s.tcpbp_threshold_pct, **common))
+    return units
+
+
+def main(argv: list[str] | None = None) -> int:
+    s = config.parse(argv)
+    logging.basicConfig(level=s.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    cgroup_path = s.cgroup_path
+    if cgroup_path == "auto":
+        with open("/proc/self/mountinfo") as f:
+            cgroup_path = find_cgroup2_mount(f.read()) or "/sys/fs/cgroup"
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+
+    units = build_units(s, cgroup_path)
+    for u in units:
+        if u.start():
+            log.info("program %s loaded", u.name)
+    REGISTRY.register(AgentCollector(units, CgroupResolver(cgroup_path, s.containers_log_dir, s.pods_log_dir)))
+    server, thread = start_http_server(s.metrics_port, addr=s.metrics_addr)
+    log.info("serving /metrics on %s:%d; cgroup2 %s", s.metrics_addr, s.metrics_port, cgroup_path)
+    try:
+        while not stop.wait(s.cuda_rescan_seconds):
+            for u in units:
+                if isinstance(u, CudaLat) and u.loaded:
+                    u.rescan()
+    finally:
+        for u in units:
+            u.stop()
+        server.shutdown()
+        log.info("detached all programs; exiting")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,135 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Cgroup id -> workload labels.
+
+A cgroup2 id is the inode number of the cgroup's directory, so walking the hierarchy maps ids to
+paths. Kubelet cgroup paths carry the pod UID and the container id but not the names; the names
+come from the kubelet's log directory names when those are mounted:
+  /var/log/containers/<pod>_<namespace>_<container>-<container id>.log
+  /var/log/pods/<namespace>_<pod>_<pod uid>/
+Everything here except CgroupResolver's filesystem walk is pure and unit-tested.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import re
+import time
+from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
+
+_UID = r"[0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12}"
+_POD_RE = re.compile(rf"pod({_UID})(?:\.slice)?$")
+_CTR_RE = re.compile(r"^(?:[a-z-]*-)?([0-9a-f]{64})(?:\.scope)?$")
+_CONTAINER_LOG_RE = re.compile(r"^(?P<pod>[^_]+)_(?P<ns>[^_]+)_(?P<ctr>.+)-(?P<id>[0-9a-f]{64})\.log$")
+_POD_LOG_RE = re.compile(rf"^(?P<ns>[^_]+)_(?P<pod>[^_]+)_(?P<uid>{_UID})$")
+
+
+@dataclass(frozen=True)
+class Workload:
+    namespace: str = ""
+    pod: str = ""
+    container: str = ""
+    cgroup: str = ""
+
+
+def parse_cgroup_path(path: str) -> tuple[str | None, str | None]:
+    """(pod uid with dashes, container id) from a kubelet cgroup path; None where absent.
+
+    Handles the systemd driver (kubepods-burstable-pod<uid_with_underscores>.slice/
+    cri-containerd-<id>.scope, docker-<id>.scope, crio-<id>.scope) and the cgroupfs driver
+    (kubepods/burstable/pod<uid>/<id>).
+    """
+    parts = [p for p in path.split("/") if p]
+    if not any(p.startswith("kubepods") for p in parts):
+        return None, None
+    uid = cid = None
+    for part in parts:
+        m = _POD_RE.search(part)
+        if m:
+            uid = m.group(1).replace("_", "-")
+            continue
+        m = _CTR_RE.match(part)
+        if m and uid:
+            cid = m.group(1)
+    return uid, cid
+
+
+def parse_container_log_name(name: str) -> tuple[str, str, str, str] | None:
+    """(namespace, pod, container, container id) from a /var/log/containers file name."""
+    m = _CONTAINER_LOG_RE.match(name)
+    return (m["ns"], m["pod"], m["ctr"], m["id"]) if m else None
+
+
+def parse_pod_log_dir(name: str) -> tuple[str, str, str] | None:
+    """(namespace, pod, pod uid) from a /var/log/pods directory name."""
+    m = _POD_LOG_RE.match(name)
+    return (m["ns"], m["pod"], m["uid"].replace("_", "-")) if m else None
+
+
+def resolve(path: str, containers: dict[str, tuple[str, str, str]],
+            pods: dict[str, tuple[str, str]]) -> Workload:
+    """Labels for one cgroup path. containers: id -> (ns, pod, name); pods: uid -> (ns, pod)."""
+    uid, cid = parse_cgroup_path(path)
+    if cid and cid in containers:
+        ns, pod, name = containers[cid]
+        return Workload(ns, pod, name, path)
+    ns, pod = pods.get(uid, ("", "")) if uid else ("", "")
+    return Workload(ns, pod, cid[:12] if cid else "", path)
+
+
+def find_cgroup2_mount(mountinfo: str) -> str | None:
+    """The first cgroup2 mount point in /proc/self/mountinfo text."""
+    for line in mountinfo.splitlines():
+        left, _, right = line.partition(" - ")
+        if right.split(" ", 1)[0] == "cgroup2":
+            return left.split(" ")[4]
+    return None
+
+
+class CgroupResolver:
+    """Maps cgroup ids seen in maps to Workload labels, re-walking at most every min_refresh s."""
+
+    def __init__(self, root: str, containers_log_dir: str = "/var/log/containers",
+                 pods_log_dir: str = "/var/log/pods", min_refresh: float = 10.0):
+        self.root, self.containers_log_dir, self.pods_log_dir = root, containers_log_dir, pods_log_dir
+        self.min_refresh = min_refresh
+        self._paths: dict[int, str] = {}
+        self._containers: dict[str, tuple[str, str, str]] = {}
+        self._pods: dict[str, tuple[str, str]] = {}
+        self._last = 0.0
+
+    def refresh(self) -> None:
+        self._last = time.monotonic()
+        paths: dict[int, str] = {}
+        for dirpath, _dirs, _files in os.walk(self.root):
+            try:
+                paths[os.stat(dirpath).st_ino] = "/" + os.path.relpath(dirpath, self.root).lstrip(".")
+            except OSError:
+                continue
+        self._paths = paths
+        self._containers = {}
+        for name in _listdir(self.containers_log_dir):
+            parsed = parse_container_log_name(name)
+            if parsed:
+                self._containers[parsed[3]] = parsed[:3]
+        self._pods = {}
+        for name in _listdir(self.pods_log_dir):
+            parsed = parse_pod_log_dir(name)
+            if parsed:
+                self._pods[parsed[2]] = parsed[:2]
+
+    def lookup(self, cgroup_id: int) -> Workload:
+        if cgroup_id not in self._paths and time.monotonic() - self._last >= self.min_refresh:
+            self.refresh()
+        path = self._paths.get(cgroup_id)
+        if path is None:
+            return Workload(cgroup=f"id:{cgroup_id}")
+        return resolve(path, self._containers, self._pods)
+
+
+def _listdir(path: str) -> list[str]:
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []

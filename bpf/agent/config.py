@@ -1,0 +1,106 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Agent settings from CLI flags; every flag also reads an environment variable
+GPUINFRA_EBPF_<FLAG_IN_UPPER_SNAKE_CASE>, and a flag given on the command line wins."""
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass
+
+PROGRAMS = ("sockredir", "cudalat", "tcpbp")
+DEFAULT_BPF_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "build")
+
+
+@dataclass(frozen=True)
+class Settings:
+    bpf_dir: str
+    programs: tuple[str, ...]
+    ports: tuple[int, ...]
+    cgroup_path: str
+    pin_dir: str
+    unpin_on_exit: bool
+    metrics_addr: str
+    metrics_port: int
+    cuda_libs: tuple[str, ...]
+    cuda_scan: bool
+    cuda_rescan_seconds: float
+    proc_dir: str
+    tcpbp_mode: str
+    tcpbp_threshold_pct: int
+    containers_log_dir: str
+    pods_log_dir: str
+    log_level: str
+
+
+def _csv(value: str) -> list[str]:
+    return [v.strip() for v in value.split(",") if v.strip()]
+
+
+def _ports(value: str) -> tuple[int, ...]:
+    ports = []
+    for v in _csv(value):
+        p = int(v)
+        if not 0 < p < 65536:
+            raise argparse.ArgumentTypeError(f"--ports: {p} is not a TCP port (1..65535)")
+        ports.append(p)
+    return tuple(ports)
+
+
+def _programs(value: str) -> tuple[str, ...]:
+    progs = tuple(_csv(value))
+    bad = [p for p in progs if p not in PROGRAMS]
+    if bad:
+        raise argparse.ArgumentTypeError(f"--programs: unknown {bad}; allowed: {', '.join(PROGRAMS)}")
+    return progs
+
+
+def _bool(value: str) -> bool:
+    if value.lower() in ("1", "true", "yes", "on"):
+        return True
+    if value.lower() in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {value!r}")
+
+
+# flag, type, default, help
+FLAGS = [
+    ("--bpf-dir", str, DEFAULT_BPF_DIR, "Directory with the compiled *.bpf.o files."),
+    ("--programs", _programs, ",".join(PROGRAMS), "Comma list of programs to run: sockredir,cudalat,tcpbp."),
+    ("--ports", _ports, "8000", "Comma list (max 16) of TCP ports whose same-node connections sockredir accelerates."),
+    ("--cgroup-path", str, "auto", "cgroup2 directory sock_ops attaches to; auto = first cgroup2 mount in /proc/self/mountinfo."),
+    ("--pin-dir", str, "/sys/fs/bpf/gpuinfra", "bpffs directory for pinned maps (<pin-dir>/<program>/<map>)."),
+    ("--unpin-on-exit", _bool, "false", "Remove pinned maps on clean exit (counters then restart from 0)."),
+    ("--metrics-addr", str, "0.0.0.0", "Address /metrics listens on."),
+    ("--metrics-port", int, "9435", "Port /metrics listens on."),
+    ("--cuda-libs", _csv, "", "Comma list of libcudart.so*/libcuda.so* paths to probe in addition to the /proc scan."),
+    ("--cuda-scan", _bool, "true", "Scan /proc/*/maps for mapped libcudart.so*/libcuda.so* (needs hostPID)."),
+    ("--cuda-rescan-seconds", float, "30", "How often to rescan /proc for new CUDA libraries."),
+    ("--proc-dir", str, "/proc", "procfs to scan (the host's, with hostPID)."),
+    ("--tcpbp-mode", str, "auto", "auto (fentry, else tracepoint), fentry or tracepoint."),
+    ("--tcpbp-threshold-pct", int, "80", "Send queue share of sk_sndbuf (1..100) that counts as backpressure."),
+    ("--containers-log-dir", str, "/var/log/containers", "Kubelet container log symlinks, for container id -> namespace/pod/container."),
+    ("--pods-log-dir", str, "/var/log/pods", "Kubelet pod log dirs, for pod UID -> namespace/pod."),
+    ("--log-level", str, "INFO", "Python logging level."),
+]
+
+
+def env_name(flag: str) -> str:
+    return "GPUINFRA_EBPF_" + flag.lstrip("-").replace("-", "_").upper()
+
+
+def parse(argv: list[str] | None = None, environ: dict[str, str] | None = None) -> Settings:
+    environ = os.environ if environ is None else environ
+    p = argparse.ArgumentParser(prog="python -m agent", description="gpuinfra eBPF agent")
+    for flag, typ, default, help_ in FLAGS:
+        p.add_argument(flag, type=typ, default=typ(environ.get(env_name(flag), default)),
+                       help=f"{help_} Env {env_name(flag)}. Default: {default!r}.")
+    a = p.parse_args(argv)
+    if a.tcpbp_mode not in ("auto", "fentry", "tracepoint"):
+        p.error(f"--tcpbp-mode: {a.tcpbp_mode!r}; allowed: auto, fentry, tracepoint")
+    return Settings(
+        bpf_dir=a.bpf_dir, programs=a.programs, ports=a.ports, cgroup_path=a.cgroup_path,
+        pin_dir=a.pin_dir, unpin_on_exit=a.unpin_on_exit, metrics_addr=a.metrics_addr,
+        metrics_port=a.metrics_port, cuda_libs=tuple(a.cuda_libs), cuda_scan=a.cuda_scan,
+        cuda_rescan_seconds=a.cuda_rescan_seconds, proc_dir=a.proc_dir, tcpbp_mode=a.tcpbp_mode,
+        tcpbp_threshold_pct=a.tcpbp_threshold_pct, containers_log_dir=a.containers_log_dir,
+        pods_log_dir=a.pods_log_dir, log_level=a.log_level)
