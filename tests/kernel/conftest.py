@@ -1,0 +1,154 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Fixtures for the real-kernel eBPF tests. Kernel fixtures skip, with the reason, unless the run
+is root with clang, bpftool and libbpf.so.1; the pure agent tests run anywhere."""
+from __future__ import annotations
+
+import contextlib
+import ctypes.util
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import uuid
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BPF_DIR = os.path.join(REPO, "bpf")
+BUILD_DIR = os.path.join(BPF_DIR, "build")
+if BPF_DIR not in sys.path:
+    sys.path.insert(0, BPF_DIR)
+
+
+def kernel_skip_reason() -> str | None:
+    if os.geteuid() != 0:
+        return "kernel eBPF tests need root (CAP_BPF, CAP_NET_ADMIN, CAP_PERFMON)"
+    for tool in ("clang", "bpftool", "make"):
+        if shutil.which(tool) is None:
+            return f"kernel eBPF tests need {tool}: apt-get install -y $(cat bpf/apt-packages.txt)"
+    if not os.path.exists("/sys/kernel/btf/vmlinux"):
+        return "kernel eBPF tests need kernel BTF at /sys/kernel/btf/vmlinux"
+    try:
+        ctypes.CDLL("libbpf.so.1")
+    except OSError:
+        return "kernel eBPF tests need libbpf.so.1 (apt-get install -y libbpf1)"
+    return None
+
+
+@pytest.fixture(scope="session")
+def kernel() -> None:
+    reason = kernel_skip_reason()
+    if reason:
+        pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def bpf_build(kernel) -> str:
+    """Builds every bpf/*.bpf.c with the Makefile; returns the build directory."""
+    r = subprocess.run(["make", "-C", BPF_DIR], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, f"make failed:\n{r.stdout}\n{r.stderr}"
+    return BUILD_DIR
+
+
+def _mountpoint(fstype: str) -> str | None:
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            left, _, right = line.partition(" - ")
+            if right.split(" ", 1)[0] == fstype:
+                return left.split(" ")[4]
+    return None
+
+
+@pytest.fixture(scope="session")
+def cgroup2_root(kernel, tmp_path_factory) -> str:
+    root = _mountpoint("cgroup2")
+    if root:
+        yield root
+        return
+    root = str(tmp_path_factory.mktemp("cgroup2"))
+    subprocess.run(["mount", "-t", "cgroup2", "none", root], check=True)
+    yield root
+    subprocess.run(["umount", root], check=False)
+
+
+@pytest.fixture(scope="session")
+def bpffs(kernel) -> str:
+    if _mountpoint("bpf") is None:
+        os.makedirs("/sys/fs/bpf", exist_ok=True)
+        subprocess.run(["mount", "-t", "bpf", "bpf", "/sys/fs/bpf"], check=True)
+    return "/sys/fs/bpf"
+
+
+@pytest.fixture
+def pin_dir(bpffs) -> str:
+    path = os.path.join(bpffs, f"gpuinfra-test-{uuid.uuid4().hex[:8]}")
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _in_cgroup(path: str):
+    """Moves this whole process (every thread) into the cgroup, and back out afterwards."""
+    with open("/proc/self/cgroup") as f:
+        old = next((l.split(":", 2)[2].strip() for l in f if l.startswith("0::")), "/")
+    root = _mountpoint("cgroup2")
+    with open(os.path.join(path, "cgroup.procs"), "w") as f:
+        f.write(str(os.getpid()))
+    try:
+        yield
+    finally:
+        with open(os.path.join(root + old, "cgroup.procs"), "w") as f:
+            f.write(str(os.getpid()))
+
+
+@pytest.fixture
+def test_cgroup(cgroup2_root) -> str:
+    """A fresh cgroup2 directory that this test process runs in for the test's duration."""
+    path = os.path.join(cgroup2_root, f"gpuinfra-test-{uuid.uuid4().hex[:8]}")
+    os.mkdir(path)
+    try:
+        with _in_cgroup(path):
+            yield path
+    finally:
+        with open(os.path.join(path, "cgroup.procs")) as f:
+            leftover = [p for p in f.read().split() if p]
+        for pid in leftover:
+            with contextlib.suppress(OSError):
+                with open(os.path.join(cgroup2_root, "cgroup.procs"), "w") as f:
+                    f.write(pid)
+        os.rmdir(path)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+STUB_C = r"""
+#include <stddef.h>
+volatile unsigned long stub_calls;
+#define STUB(name, ...) __attribute__((noinline, visibility("default"))) int name(__VA_ARGS__) \
+	{ stub_calls++; __asm__ volatile("" ::: "memory"); return 0; }
+STUB(cudaLaunchKernel, const void *f, unsigned long long grid, unsigned long long block, void **args, size_t shm, void *stream)
+STUB(cudaMalloc, void **p, size_t n)
+STUB(cudaMemcpyAsync, void *d, const void *s, size_t n, int kind, void *stream)
+STUB(cudaStreamSynchronize, void *stream)
+STUB(cuLaunchKernel, void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned shm, void *stream, void **args, void **extra)
+"""
+
+
+@pytest.fixture(scope="session")
+def cuda_stubs(kernel, tmp_path_factory) -> dict[str, str]:
+    """Stub libcudart.so.12 and libcuda.so.1 exporting the real CUDA symbol names."""
+    d = tmp_path_factory.mktemp("cudastub")
+    src = d / "stub.c"
+    src.write_text(STUB_C)
+    out = {}
+    for lib in ("libcudart.so.12", "libcuda.so.1"):
+        path = str(d / lib)
+        subprocess.run(["clang", "-O2", "-shared", "-fPIC", "-o", path, str(src)], check=True, timeout=60)
+        out[lib.split(".")[0]] = path
+    return out
