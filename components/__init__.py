@@ -1,0 +1,1 @@
+"""Reusable Pulumi components and the pure deciders behind them."""

@@ -1,0 +1,88 @@
+"""The shape every cluster component shares, and the scheduling facts the platform layers select on.
+
+`AwsGpuCluster`, `GcpGpuCluster` and `ExistingCluster` each expose a `ClusterHandle` as
+`.handle`. The platform layers (eBPF agent, vLLM serving, add-ons) only ever see a handle, so
+they deploy the same way onto any cloud.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, Optional
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from components.config import AnyPool, ExistingGpuPool
+
+POOL_LABEL = "gpuinfra.io/pool"
+"""Node label carrying the GPU pool name, on spot and fallback nodes alike."""
+CAPACITY_LABEL = "gpuinfra.io/capacity"
+"""Node label: `spot` or `on-demand`."""
+GPU_TAINT_KEY = "nvidia.com/gpu"
+GPU_TAINT = {"key": GPU_TAINT_KEY, "value": "present", "effect": "NoSchedule"}
+GPU_TOLERATION = {"key": GPU_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}
+
+
+@dataclass(frozen=True)
+class GpuPoolInfo:
+    """What the serving layer needs to know about a GPU pool, on any cloud."""
+
+    name: str
+    capacity: Literal["spot", "on-demand"]
+    on_demand_fallback: bool
+    gpu_model: str
+    gpus_per_node: int
+    """The smallest GPU count among the pool's instance types."""
+    node_selector: dict[str, str]
+    tolerations: tuple[dict[str, str], ...]
+    native_names: tuple[str, ...] = ()
+    """Names of the native objects behind the pool (Karpenter NodePools, GKE node pools)."""
+
+
+def pool_info(pool: AnyPool, native_names: tuple[str, ...] = ()) -> GpuPoolInfo:
+    """Scheduling facts for a pool: managed pools carry our labels and the GPU taint."""
+    types = pool.instance_types
+    if isinstance(pool, ExistingGpuPool):
+        selector = dict(pool.node_selector)
+        tolerations = (dict(GPU_TOLERATION),) if pool.gpu_taint else ()
+    else:
+        selector = {POOL_LABEL: pool.name}
+        tolerations = (dict(GPU_TOLERATION),)
+    return GpuPoolInfo(
+        name=pool.name,
+        capacity=pool.capacity,
+        on_demand_fallback=pool.on_demand_fallback,
+        gpu_model=types[0].gpu.model,
+        gpus_per_node=min(t.gpu_count for t in types),
+        node_selector=selector,
+        tolerations=tolerations,
+        native_names=native_names,
+    )
+
+
+def pool_node_labels(pool_name: str, capacity: str, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """Labels a managed GPU node carries (the serving layer selects on `POOL_LABEL`)."""
+    return {**(extra or {}), POOL_LABEL: pool_name, CAPACITY_LABEL: capacity}
+
+
+@dataclass
+class ClusterHandle:
+    """The outputs every cluster component exposes, whatever the cloud."""
+
+    cloud: Literal["aws", "gcp", "existing"]
+    name: str
+    region: str
+    provider: k8s.Provider
+    cluster_name: pulumi.Output[str]
+    endpoint: pulumi.Output[str]
+    kubeconfig: pulumi.Output[str]
+    """Always a secret."""
+    oidc_issuer: pulumi.Output[str]
+    gpu_pools: dict[str, GpuPoolInfo]
+    spot_notice_s: int
+    """Seconds between a spot/preemption notice and the node going away (0: not spot-capable)."""
+    interruption_queue_arn: Optional[pulumi.Output[str]] = None
+    native: Any = None
+    """Escape hatch: the native cluster object (eks.Cluster, gcp.container.Cluster, or None)."""
+    extras: dict[str, Any] = field(default_factory=dict)

@@ -1,0 +1,865 @@
+"""The stack config model: parsed once from `Pulumi.<stack>.yaml`, validated, frozen.
+
+Every key has a default where a safe one exists. Field-level rules live on the fields; rules that
+span fields live in `model_validator(mode="after")` hooks, and rules that span the whole stack
+(placements, GPU fit, CIDR overlaps, drain budgets) live on `StackConfig`. Each error names the key
+path (`clusters[0].gpu_pools[1].instance_types`) and what is allowed.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from functools import cached_property
+from typing import Annotated, Any, Literal, Optional, Union
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    field_validator,
+    model_validator,
+)
+
+from components.catalog import InstanceType, load_catalog
+
+# ----------------------------------------------------------------------------------------------
+# Shared types
+# ----------------------------------------------------------------------------------------------
+
+Name = Annotated[str, StringConstraints(pattern=r"^[a-z]([-a-z0-9]{0,38}[a-z0-9])?$")]
+"""A DNS-label-safe name (lowercase, digits, '-', 1-40 chars): used in resource and object names."""
+
+Duration = Annotated[str, StringConstraints(pattern=r"^([0-9]+h)?([0-9]+m)?([0-9]+s)?$", min_length=2)]
+"""A Go duration as Karpenter takes it: `30s`, `10m`, `720h`."""
+
+Cidr = ipaddress.IPv4Network
+Environment = Literal["dev", "staging", "prod"]
+Capacity = Literal["spot", "on-demand"]
+TopologyPolicy = Literal["none", "best-effort", "restricted", "single-numa-node"]
+
+# Spot/preemption notice per cloud, in seconds (AWS: 2-minute interruption warning; GKE: 30 s by
+# default, 120 s when extended on GKE >= 1.35).
+AWS_SPOT_NOTICE_S = 120
+GKE_DEFAULT_SPOT_NOTICE_S = 30
+# Time kept back from the notice for readiness to propagate and the process to exit.
+SPOT_NOTICE_MARGIN_S = 5
+
+K8S_VERSIONS = ("1.33", "1.34", "1.35", "1.36")
+
+
+class Base(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _allowed(values) -> str:
+    return ", ".join(sorted(str(v) for v in values))
+
+
+# ----------------------------------------------------------------------------------------------
+# Node-level settings
+# ----------------------------------------------------------------------------------------------
+
+
+class KubeletNumaConfig(Base):
+    """NUMA-aligned kubelet: AL2023 nodeadm NodeConfig on EKS, `kubelet_config` on GKE."""
+
+    cpu_manager_policy: Literal["static", "none"] = "static"
+    topology_manager_policy: TopologyPolicy = "single-numa-node"
+    topology_manager_scope: Literal["container", "pod"] = "pod"
+    reserved_system_cpus: Optional[
+        Annotated[str, StringConstraints(pattern=r"^[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*$")]
+    ] = None
+    """A cpuset such as `0-1`. Default: derived from the node's vCPUs (see deciders)."""
+
+
+class GpuPoolBase(Base):
+    name: Name
+    capacity: Capacity = "spot"
+    on_demand_fallback: bool = True
+    """Create an on-demand fallback for a spot pool (a lower-weight NodePool / a 0-min node pool)."""
+    min_nodes: int = Field(0, ge=0, le=1000)
+    max_nodes: int = Field(ge=1, le=1000)
+    labels: dict[str, str] = Field(default_factory=dict)
+    kubelet: Optional[KubeletNumaConfig] = None
+    """Overrides the cluster's `kubelet` for this pool."""
+
+    @model_validator(mode="after")
+    def _min_le_max(self):
+        if self.min_nodes > self.max_nodes:
+            raise ValueError(f"min_nodes ({self.min_nodes}) must be <= max_nodes ({self.max_nodes})")
+        return self
+
+    @property
+    def instance_types(self) -> list[InstanceType]:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+
+class AwsGpuPool(GpuPoolBase):
+    instance_families: list[str] = Field(default_factory=list)
+    instance_types_allowed: list[str] = Field(default_factory=list, alias="instance_types")
+    root_volume_gib: int = Field(200, ge=50, le=16384)
+    """Encrypted gp3 root volume, sized for model caches."""
+    consolidate_after: Duration = "10m"
+    disruption_budget_nodes: Annotated[str, StringConstraints(pattern=r"^([0-9]+%?)$")] = "10%"
+    expire_after: Duration = "720h"
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    @field_validator("instance_families")
+    @classmethod
+    def _known_families(cls, v: list[str]) -> list[str]:
+        known = load_catalog().aws_families()
+        bad = [f for f in v if f not in known]
+        if bad:
+            raise ValueError(f"unknown GPU instance family {bad}; allowed: {_allowed(known)}")
+        return v
+
+    @field_validator("instance_types_allowed")
+    @classmethod
+    def _known_types(cls, v: list[str]) -> list[str]:
+        known = load_catalog().aws
+        bad = [t for t in v if t not in known]
+        if bad:
+            raise ValueError(
+                f"{bad} is not a GPU instance type in the catalog (a pool needs GPUs); "
+                f"allowed: {_allowed(known)}"
+            )
+        return v
+
+    @model_validator(mode="after")
+    def _has_types(self):
+        if not self.instance_families and not self.instance_types_allowed:
+            raise ValueError("set instance_families and/or instance_types (at least one GPU type)")
+        return self
+
+    @property
+    def instance_types(self) -> list[InstanceType]:
+        cat = load_catalog()
+        names = {t.name for t in cat.aws_types_in_families(self.instance_families)}
+        names |= set(self.instance_types_allowed)
+        return [cat.aws[n] for n in sorted(names)]
+
+
+class GcpGpuPool(GpuPoolBase):
+    machine_type: str
+    accelerator_type: Optional[str] = None
+    """Defaults to the catalog's accelerator for `machine_type`; if set it must match."""
+    accelerator_count: Optional[int] = Field(None, ge=1)
+    disk_size_gb: int = Field(200, ge=50, le=65536)
+    disk_type: Literal["pd-balanced", "pd-ssd", "hyperdisk-balanced"] = "pd-balanced"
+    zones: list[str] = Field(default_factory=list)
+    gpu_driver_version: Literal["DEFAULT", "LATEST"] = "LATEST"
+
+    @field_validator("machine_type")
+    @classmethod
+    def _known_machine(cls, v: str) -> str:
+        known = load_catalog().gcp
+        if v not in known:
+            raise ValueError(
+                f"'{v}' is not a GPU machine type in the catalog (a pool needs GPUs); "
+                f"allowed: {_allowed(known)}"
+            )
+        return v
+
+    @model_validator(mode="after")
+    def _accelerator_matches(self):
+        t = load_catalog().gcp[self.machine_type]
+        if self.accelerator_type is not None and self.accelerator_type != t.accelerator:
+            raise ValueError(
+                f"accelerator_type '{self.accelerator_type}' is not available on {self.machine_type}; "
+                f"allowed: {t.accelerator}"
+            )
+        if self.accelerator_count is not None and self.accelerator_count != t.gpu_count:
+            raise ValueError(
+                f"accelerator_count {self.accelerator_count} is not allowed on {self.machine_type}; "
+                f"allowed: {t.gpu_count}"
+            )
+        return self
+
+    @property
+    def instance_types(self) -> list[InstanceType]:
+        return [load_catalog().gcp[self.machine_type]]
+
+
+class ExistingGpuPool(Base):
+    """A GPU node group on a cluster this platform does not manage."""
+
+    name: Name
+    gpu: str
+    gpus_per_node: int = Field(ge=1, le=16)
+    numa_nodes: int = Field(1, ge=1, le=8)
+    vcpus: int = Field(ge=2)
+    memory_gib: int = Field(ge=4)
+    capacity: Capacity = "on-demand"
+    node_selector: dict[str, str] = Field(min_length=1)
+    gpu_taint: bool = True
+    """Whether the nodes carry the `nvidia.com/gpu:NoSchedule` taint (tolerated if so)."""
+    topology_manager_policy: TopologyPolicy = "none"
+    """What the existing nodes' kubelet is set to (validation only; nothing is changed)."""
+    on_demand_fallback: bool = False
+
+    @field_validator("gpu")
+    @classmethod
+    def _known_gpu(cls, v: str) -> str:
+        known = load_catalog().gpus
+        if v not in known:
+            raise ValueError(f"unknown GPU '{v}'; allowed: {_allowed(known)}")
+        return v
+
+    @property
+    def instance_types(self) -> list[InstanceType]:
+        return [
+            InstanceType(
+                cloud="aws",  # placeholder cloud tag: the shape is what matters for validation
+                name=f"existing:{self.name}",
+                gpu=load_catalog().gpus[self.gpu],
+                gpu_count=self.gpus_per_node,
+                vcpus=self.vcpus,
+                memory_gib=self.memory_gib,
+                numa_nodes=self.numa_nodes,
+                family="existing",
+            )
+        ]
+
+
+# ----------------------------------------------------------------------------------------------
+# Clusters
+# ----------------------------------------------------------------------------------------------
+
+
+class AwsNetwork(Base):
+    vpc_cidr: Cidr = ipaddress.IPv4Network("10.0.0.0/16")
+    availability_zones: int = Field(3, ge=2, le=6)
+    single_nat_gateway: bool = False
+    """One NAT gateway instead of one per AZ (cheaper, not zone-redundant)."""
+
+
+class EksEndpoint(Base):
+    private_access: bool = True
+    public_access: bool = True
+    public_access_cidrs: list[Cidr] = Field(default_factory=lambda: [ipaddress.IPv4Network("0.0.0.0/0")])
+
+
+class SystemNodeGroup(Base):
+    instance_type: str = "m7i.xlarge"
+    min_size: int = Field(2, ge=1)
+    desired_size: int = Field(2, ge=1)
+    max_size: int = Field(4, ge=1)
+
+    @model_validator(mode="after")
+    def _sizes(self):
+        if not self.min_size <= self.desired_size <= self.max_size:
+            raise ValueError("need min_size <= desired_size <= max_size")
+        return self
+
+
+class CiliumConfig(Base):
+    enabled: bool = True
+    hubble: bool = True
+    bandwidth_manager: bool = True
+
+
+class KarpenterConfig(Base):
+    interruption_queue: bool = True
+    replicas: int = Field(2, ge=1, le=5)
+
+
+class AwsCluster(Base):
+    cloud: Literal["aws"]
+    name: Name
+    region: Annotated[str, StringConstraints(pattern=r"^[a-z]{2}(-gov)?-[a-z]+-[0-9]$")]
+    kubernetes_version: Literal["1.33", "1.34", "1.35", "1.36"] = "1.35"
+    network: AwsNetwork = AwsNetwork()
+    endpoint: EksEndpoint = EksEndpoint()
+    secrets_encryption: bool = True
+    system_node_group: SystemNodeGroup = SystemNodeGroup()
+    cilium: CiliumConfig = CiliumConfig()
+    karpenter: KarpenterConfig = KarpenterConfig()
+    kubelet: KubeletNumaConfig = KubeletNumaConfig()
+    gpu_pools: list[AwsGpuPool] = Field(min_length=1)
+
+    @property
+    def spot_notice_s(self) -> int:
+        return AWS_SPOT_NOTICE_S
+
+    def cidrs(self) -> dict[str, Cidr]:
+        return {"network.vpc_cidr": self.network.vpc_cidr}
+
+
+class GcpNetwork(Base):
+    subnet_cidr: Cidr = ipaddress.IPv4Network("10.10.0.0/20")
+    pods_cidr: Cidr = ipaddress.IPv4Network("10.20.0.0/14")
+    services_cidr: Cidr = ipaddress.IPv4Network("10.24.0.0/20")
+    master_cidr: Cidr = ipaddress.IPv4Network("172.16.0.0/28")
+
+    @field_validator("master_cidr")
+    @classmethod
+    def _master_28(cls, v: Cidr) -> Cidr:
+        if v.prefixlen != 28:
+            raise ValueError("the GKE control-plane range must be a /28")
+        return v
+
+
+class GcpSystemPool(Base):
+    machine_type: str = "e2-standard-4"
+    min_nodes: int = Field(1, ge=1)
+    max_nodes: int = Field(3, ge=1)
+
+
+class GcpCluster(Base):
+    cloud: Literal["gcp"]
+    name: Name
+    project: Annotated[str, StringConstraints(pattern=r"^[a-z][-a-z0-9]{4,28}[a-z0-9]$")]
+    region: Annotated[str, StringConstraints(pattern=r"^[a-z]+-[a-z]+[0-9]$")]
+    zonal: bool = False
+    """A zonal cluster in the region's first GPU zone instead of a regional control plane."""
+    release_channel: Literal["RAPID", "REGULAR", "STABLE"] = "REGULAR"
+    network: GcpNetwork = GcpNetwork()
+    private_endpoint: bool = False
+    master_authorized_cidrs: list[Cidr] = Field(default_factory=list)
+    system_pool: GcpSystemPool = GcpSystemPool()
+    fallback_mode: Literal["node_pool", "compute_class"] = "node_pool"
+    preemption_notice_s: Literal[30, 120] = GKE_DEFAULT_SPOT_NOTICE_S
+    """GKE's spot termination notice: 30 s by default, 120 s on GKE >= 1.35 when extended."""
+    kubelet: KubeletNumaConfig = KubeletNumaConfig()
+    gpu_pools: list[GcpGpuPool] = Field(min_length=1)
+
+    @property
+    def spot_notice_s(self) -> int:
+        return self.preemption_notice_s
+
+    def cidrs(self) -> dict[str, Cidr]:
+        n = self.network
+        return {
+            "network.subnet_cidr": n.subnet_cidr,
+            "network.pods_cidr": n.pods_cidr,
+            "network.services_cidr": n.services_cidr,
+            "network.master_cidr": n.master_cidr,
+        }
+
+    @model_validator(mode="after")
+    def _gpus_in_region(self):
+        cat = load_catalog()
+        for i, pool in enumerate(self.gpu_pools):
+            acc = cat.gcp[pool.machine_type].accelerator
+            regions = cat.gcp_accelerator_regions.get(acc, ())
+            if self.region not in regions:
+                raise ValueError(
+                    f"gpu_pools[{i}].machine_type: {pool.machine_type} ({acc}) is not offered in "
+                    f"region {self.region}; regions with {acc}: {_allowed(regions)}"
+                )
+        return self
+
+
+class KubeconfigFromStack(Base):
+    stack: Annotated[str, StringConstraints(pattern=r"^[^/\s]+/[^/\s]+/[^/\s]+$")]
+    """Fully qualified `org/project/stack` of the stack that exports the kubeconfig."""
+    output: str = "kubeconfig"
+
+
+class ExistingCluster(Base):
+    cloud: Literal["existing"]
+    name: Name
+    kubeconfig_secret: Optional[Annotated[str, StringConstraints(pattern=r"^[a-zA-Z][a-zA-Z0-9_]*$")]] = None
+    """Name of a secret config key (in this project) that holds the kubeconfig."""
+    stack_reference: Optional[KubeconfigFromStack] = None
+    underlying_cloud: Literal["aws", "gcp", "other"] = "other"
+    """Where the nodes run: sets the spot notice the serving drain budgets against."""
+    region: str = "unknown"
+    gpu_pools: list[ExistingGpuPool] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _one_source(self):
+        if (self.kubeconfig_secret is None) == (self.stack_reference is None):
+            raise ValueError("set exactly one of kubeconfig_secret or stack_reference")
+        return self
+
+    @property
+    def spot_notice_s(self) -> int:
+        return {"aws": AWS_SPOT_NOTICE_S, "gcp": GKE_DEFAULT_SPOT_NOTICE_S}.get(self.underlying_cloud, 0)
+
+    @property
+    def kubelet(self) -> None:
+        return None
+
+    def cidrs(self) -> dict[str, Cidr]:
+        return {}
+
+
+Cluster = Annotated[Union[AwsCluster, GcpCluster, ExistingCluster], Field(discriminator="cloud")]
+AnyPool = Union[AwsGpuPool, GcpGpuPool, ExistingGpuPool]
+
+
+def pool_topology_policy(cluster: Any, pool: AnyPool) -> TopologyPolicy:
+    if isinstance(pool, ExistingGpuPool):
+        return pool.topology_manager_policy
+    return (pool.kubelet or cluster.kubelet).topology_manager_policy
+
+
+# ----------------------------------------------------------------------------------------------
+# Platform layers
+# ----------------------------------------------------------------------------------------------
+
+Port = Annotated[int, Field(ge=1024, le=65535)]
+
+
+class SockmapConfig(Base):
+    enabled: bool = True
+    ports: list[Port] = Field(default_factory=list)
+    """Extra ports to accelerate; every served model's port is always included."""
+
+
+class CudaUprobesConfig(Base):
+    enabled: bool = True
+    library_paths: list[str] = Field(default_factory=list)
+    """Absolute host paths to libcudart/libcuda; empty = discovered per process from /proc/<pid>/maps."""
+
+
+class TcpBackpressureConfig(Base):
+    enabled: bool = True
+
+
+class EbpfAgentConfig(Base):
+    enabled: bool = True
+    image: str = "ghcr.io/gpuinfra/ebpf-agent:0.1.0"
+    metrics_port: Port = 9435
+    sockmap: SockmapConfig = SockmapConfig()
+    cuda_uprobes: CudaUprobesConfig = CudaUprobesConfig()
+    tcp_backpressure: TcpBackpressureConfig = TcpBackpressureConfig()
+    cpu_millicores: int = Field(200, ge=50, le=4000)
+    memory_mib: int = Field(256, ge=64, le=8192)
+    priority_class: str = "system-node-critical"
+
+    @field_validator("image")
+    @classmethod
+    def _pinned(cls, v: str) -> str:
+        if "@sha256:" not in v and (":" not in v.rsplit("/", 1)[-1] or v.endswith(":latest")):
+            raise ValueError("pin the image to a tag other than 'latest' or to a digest")
+        return v
+
+
+class AlertThresholds(Base):
+    queue_backlog: int = Field(10, ge=1)
+    """Alert when `vllm:num_requests_waiting` stays above this per pod."""
+    kv_cache_usage: float = Field(0.9, gt=0, le=1)
+    ttft_p99_seconds: float = Field(2.0, gt=0)
+    cuda_launch_p99_seconds: float = Field(0.001, gt=0)
+
+
+class ObservabilityConfig(Base):
+    install_prometheus_stack: bool = True
+    install_keda: bool = True
+    prometheus_release_label: str = "kube-prometheus-stack"
+    """The `release` label value kube-prometheus-stack selects ServiceMonitors/rules by."""
+    prometheus_url: str = "http://kube-prometheus-stack-prometheus.monitoring.svc:9090"
+    grafana_dashboards: bool = True
+    alerts: AlertThresholds = AlertThresholds()
+
+
+class Namespaces(Base):
+    serving: Name = "llm-serving"
+    system: Name = "gpuinfra-system"
+
+
+Quantization = Literal["fp8", "awq", "awq_marlin", "gptq", "gptq_marlin", "compressed-tensors", "bitsandbytes"]
+KvCacheDtype = Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"]
+
+BYTES_PER_PARAM: dict[Optional[str], float] = {
+    None: 2.0,  # bf16 / fp16
+    "fp8": 1.0,
+    "compressed-tensors": 1.0,  # the common FP8/INT8 checkpoints
+    "awq": 0.5,
+    "awq_marlin": 0.5,
+    "gptq": 0.5,
+    "gptq_marlin": 0.5,
+    "bitsandbytes": 0.5,
+}
+
+
+class VllmEngine(Base):
+    tensor_parallel_size: int = Field(1, ge=1, le=16)
+    pipeline_parallel_size: int = Field(1, ge=1, le=8)
+    gpu_memory_utilization: float = Field(0.90, gt=0, le=0.95)
+    max_model_len: int = Field(8192, ge=256, le=1_048_576)
+    enable_chunked_prefill: bool = True
+    max_num_batched_tokens: Optional[int] = Field(None, ge=256)
+    max_num_seqs: Optional[int] = Field(None, ge=1, le=4096)
+    quantization: Optional[Quantization] = None
+    kv_cache_dtype: KvCacheDtype = "auto"
+    block_size: Optional[Literal[8, 16, 32, 64, 128]] = None
+    enable_prefix_caching: bool = True
+    shutdown_timeout_s: Optional[int] = Field(None, ge=0, le=3600)
+    """Default: the model's `drain.max_request_s`."""
+    port: Port = 8000
+
+    @property
+    def gpus_per_replica(self) -> int:
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+
+class ModelResources(Base):
+    cpu: int = Field(ge=1, le=256)
+    """Whole CPUs (requests == limits) so the static CPU manager pins them: Guaranteed QoS."""
+    memory_gib: int = Field(ge=1, le=4096)
+    shm_size_gib: Optional[int] = Field(None, ge=1, le=1024)
+    """/dev/shm size. Default: 2 GiB, or 4 GiB per GPU when tensor_parallel_size > 1."""
+
+
+class ModelCache(Base):
+    kind: Literal["host_path", "pvc"] = "host_path"
+    host_path: str = "/mnt/models"
+    pvc_size_gib: int = Field(500, ge=10)
+    storage_class: Optional[str] = None
+    prewarm: bool = True
+    """Warm the page cache with the weights (fadvise WILLNEED) in an initContainer."""
+
+
+class Drain(Base):
+    max_request_s: int = Field(60, ge=1, le=3600)
+    """The longest stream a request is expected to take (p99.9)."""
+    prestop_timeout_s: Optional[int] = Field(None, ge=1, le=3600)
+    """Bound on the preStop wait for `vllm:num_requests_running == 0`. Default: max_request_s."""
+    spot_drain_budget_s: Optional[int] = Field(None, ge=1, le=600)
+    """Seconds the spot drain may take. Default: the cloud's notice minus a 5 s margin."""
+    termination_buffer_s: int = Field(10, ge=0, le=300)
+    termination_grace_period_s: Optional[int] = Field(None, ge=1, le=7200)
+    """Default: prestop_timeout_s + shutdown_timeout_s + termination_buffer_s."""
+
+
+class Autoscaling(Base):
+    enabled: bool = True
+    mode: Literal["keda", "hpa"] = "keda"
+    target_queue_depth: int = Field(5, ge=1)
+    """Target `vllm:num_requests_waiting` per replica."""
+    polling_interval_s: int = Field(15, ge=5)
+    cooldown_s: int = Field(300, ge=30)
+
+
+class Placement(Base):
+    cluster: Name
+    pool: Name
+    min_replicas: int = Field(1, ge=0, le=100)
+    max_replicas: int = Field(ge=1, le=100)
+
+    @model_validator(mode="after")
+    def _bounds(self):
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(f"min_replicas ({self.min_replicas}) must be <= max_replicas ({self.max_replicas})")
+        return self
+
+
+class ModelConfig(Base):
+    name: Name
+    model: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][-\w.]*/[-\w.]+$")]
+    """Hugging Face repo id, `org/name`."""
+    served_model_name: Optional[str] = None
+    params_billion: float = Field(gt=0, le=2000)
+    gated: bool = False
+    """A gated repo: needs the secret config key `hf_token`."""
+    tier: Literal["primary", "economy"] = "primary"
+    overflow_to: Optional[Name] = None
+    """Name of an `economy`-tier model entry that takes this model's overflow."""
+    min_kv_cache_gib: float = Field(2.0, gt=0)
+    """KV-cache headroom that must remain after the weights at gpu_memory_utilization."""
+    engine: VllmEngine = VllmEngine()
+    resources: ModelResources
+    cache: ModelCache = ModelCache()
+    drain: Drain = Drain()
+    autoscaling: Autoscaling = Autoscaling()
+    placements: list[Placement] = Field(min_length=1)
+
+    @property
+    def served_name(self) -> str:
+        return self.served_model_name or self.model
+
+    @property
+    def weights_gib(self) -> float:
+        return self.params_billion * 1e9 * BYTES_PER_PARAM[self.engine.quantization] / 2**30
+
+    @property
+    def shm_size_gib(self) -> int:
+        if self.resources.shm_size_gib is not None:
+            return self.resources.shm_size_gib
+        return 4 * self.engine.tensor_parallel_size if self.engine.tensor_parallel_size > 1 else 2
+
+    @property
+    def shutdown_timeout_s(self) -> int:
+        e = self.engine.shutdown_timeout_s
+        return self.drain.max_request_s if e is None else e
+
+    @property
+    def prestop_timeout_s(self) -> int:
+        p = self.drain.prestop_timeout_s
+        return self.drain.max_request_s if p is None else p
+
+    @property
+    def termination_grace_period_s(self) -> int:
+        t = self.drain.termination_grace_period_s
+        floor = self.prestop_timeout_s + self.shutdown_timeout_s + self.drain.termination_buffer_s
+        return floor if t is None else t
+
+    @model_validator(mode="after")
+    def _model_rules(self):
+        e = self.engine
+        floor = self.prestop_timeout_s + self.shutdown_timeout_s + self.drain.termination_buffer_s
+        if self.termination_grace_period_s < floor:
+            raise ValueError(
+                f"drain.termination_grace_period_s ({self.termination_grace_period_s}) must be >= "
+                f"prestop_timeout_s + shutdown_timeout_s + termination_buffer_s = {floor}"
+            )
+        if e.tensor_parallel_size > 1 and self.shm_size_gib < 2 * e.tensor_parallel_size:
+            raise ValueError(
+                f"resources.shm_size_gib ({self.shm_size_gib}) is too small for tensor_parallel_size "
+                f"{e.tensor_parallel_size}: NCCL needs at least {2 * e.tensor_parallel_size} GiB of /dev/shm"
+            )
+        if self.resources.memory_gib <= self.shm_size_gib:
+            raise ValueError(
+                f"resources.memory_gib ({self.resources.memory_gib}) must exceed shm_size_gib "
+                f"({self.shm_size_gib}): a Memory emptyDir counts against the pod's memory limit"
+            )
+        if self.overflow_to is not None and self.tier != "primary":
+            raise ValueError("overflow_to is only allowed on a primary-tier model")
+        return self
+
+
+# ----------------------------------------------------------------------------------------------
+# The stack
+# ----------------------------------------------------------------------------------------------
+
+
+class StackConfig(Base):
+    environment: Environment
+    tags: dict[str, str] = Field(default_factory=dict)
+    namespaces: Namespaces = Namespaces()
+    clusters: list[Cluster] = Field(min_length=1)
+    models: list[ModelConfig] = Field(default_factory=list)
+    ebpf_agent: EbpfAgentConfig = EbpfAgentConfig()
+    observability: ObservabilityConfig = ObservabilityConfig()
+
+    @cached_property
+    def _cluster_index(self) -> dict[str, tuple[int, Any]]:
+        return {c.name: (i, c) for i, c in enumerate(self.clusters)}
+
+    def cluster(self, name: str):
+        return self._cluster_index[name][1]
+
+    def pool(self, cluster: str, pool: str) -> AnyPool:
+        return next(p for p in self.cluster(cluster).gpu_pools if p.name == pool)
+
+    def placements_on(self, cluster: str) -> list[tuple[ModelConfig, Placement]]:
+        return [(m, p) for m in self.models for p in m.placements if p.cluster == cluster]
+
+    def sockmap_ports(self) -> list[int]:
+        return sorted(set(self.ebpf_agent.sockmap.ports) | {m.engine.port for m in self.models})
+
+    @model_validator(mode="after")
+    def _stack_rules(self):
+        errors: list[str] = []
+        errors += _duplicate_names(self)
+        errors += _cidr_overlaps(self)
+        errors += _prod_fallback(self)
+        errors += _interruption_queue(self)
+        if not errors:
+            errors += _placements(self)
+        if errors:
+            raise ValueError("\n".join(errors))
+        return self
+
+
+def _dupes(names: list[str]) -> list[str]:
+    seen, dup = set(), []
+    for n in names:
+        if n in seen and n not in dup:
+            dup.append(n)
+        seen.add(n)
+    return dup
+
+
+def _duplicate_names(s: StackConfig) -> list[str]:
+    errs = []
+    for d in _dupes([c.name for c in s.clusters]):
+        errs.append(f"clusters[].name: duplicate name '{d}'; cluster names must be unique")
+    for i, c in enumerate(s.clusters):
+        for d in _dupes([p.name for p in c.gpu_pools]):
+            errs.append(f"clusters[{i}].gpu_pools[].name: duplicate pool name '{d}' in cluster '{c.name}'")
+    for d in _dupes([m.name for m in s.models]):
+        errs.append(f"models[].name: duplicate model name '{d}'; model names must be unique")
+    return errs
+
+
+def _cidr_overlaps(s: StackConfig) -> list[str]:
+    ranges = [
+        (f"clusters[{i}].{key}", net) for i, c in enumerate(s.clusters) for key, net in c.cidrs().items()
+    ]
+    errs = []
+    for a in range(len(ranges)):
+        for b in range(a + 1, len(ranges)):
+            (ka, na), (kb, nb) = ranges[a], ranges[b]
+            if na.overlaps(nb):
+                errs.append(f"{kb}: {nb} overlaps {ka} ({na}); every cluster range must be disjoint")
+    return errs
+
+
+def _prod_fallback(s: StackConfig) -> list[str]:
+    if s.environment != "prod":
+        return []
+    return [
+        f"clusters[{i}].gpu_pools[{j}].on_demand_fallback: a prod spot pool needs an on-demand "
+        f"fallback; allowed: true (or capacity: on-demand)"
+        for i, c in enumerate(s.clusters)
+        for j, p in enumerate(c.gpu_pools)
+        if p.capacity == "spot" and not p.on_demand_fallback and not isinstance(p, ExistingGpuPool)
+    ]
+
+
+def _interruption_queue(s: StackConfig) -> list[str]:
+    return [
+        f"clusters[{i}].karpenter.interruption_queue: spot pools need Karpenter's interruption "
+        f"queue; allowed: true"
+        for i, c in enumerate(s.clusters)
+        if isinstance(c, AwsCluster)
+        and not c.karpenter.interruption_queue
+        and any(p.capacity == "spot" for p in c.gpu_pools)
+    ]
+
+
+def reserved_cpus_for(vcpus: int) -> int:
+    """CPUs kept back for the system and kubelet on a node with `vcpus` (static CPU manager)."""
+    if vcpus <= 8:
+        return 1
+    if vcpus <= 64:
+        return 2
+    return 4
+
+
+def _placements(s: StackConfig) -> list[str]:
+    errs: list[str] = []
+    cat = load_catalog()
+    for mi, m in enumerate(s.models):
+        key = f"models[{mi}]"
+        e = m.engine
+        if m.overflow_to is not None:
+            target = next((x for x in s.models if x.name == m.overflow_to), None)
+            if target is None:
+                errs.append(
+                    f"{key}.overflow_to: no model named '{m.overflow_to}'; "
+                    f"allowed: {_allowed(x.name for x in s.models if x.name != m.name)}"
+                )
+            elif target.tier != "economy" or target.served_name != m.served_name:
+                errs.append(
+                    f"{key}.overflow_to: '{m.overflow_to}' must be an economy-tier entry with the same "
+                    f"served model name ('{m.served_name}')"
+                )
+        for pi, pl in enumerate(m.placements):
+            pkey = f"{key}.placements[{pi}]"
+            if pl.cluster not in s._cluster_index:
+                errs.append(
+                    f"{pkey}.cluster: no cluster named '{pl.cluster}'; allowed: "
+                    f"{_allowed(s._cluster_index)}"
+                )
+                continue
+            ci, cluster = s._cluster_index[pl.cluster]
+            pools = {p.name: (j, p) for j, p in enumerate(cluster.gpu_pools)}
+            if pl.pool not in pools:
+                errs.append(
+                    f"{pkey}.pool: no GPU pool named '{pl.pool}' in cluster '{pl.cluster}'; "
+                    f"allowed: {_allowed(pools)}"
+                )
+                continue
+            pj, pool = pools[pl.pool]
+            pool_key = f"clusters[{ci}].gpu_pools[{pj}]"
+            errs += _fit(key, m, pool, pool_key, pool_topology_policy(cluster, pool))
+            if pool.capacity == "spot":
+                errs += _drain_budget(key, m, cluster, ci)
+    return errs
+
+
+def _fit(key: str, m: ModelConfig, pool: AnyPool, pool_key: str, policy: str) -> list[str]:
+    errs: list[str] = []
+    e = m.engine
+    gpus = e.gpus_per_replica
+    for t in pool.instance_types:
+        where = f"{t.name} in {pool_key} ({t.gpu_count}x {t.gpu.model})"
+        if gpus > t.gpu_count:
+            errs.append(
+                f"{key}.engine.tensor_parallel_size: {e.tensor_parallel_size} x pipeline "
+                f"{e.pipeline_parallel_size} = {gpus} GPUs is larger than {where}; allowed: a divisor "
+                f"of {t.gpu_count}"
+            )
+            continue
+        if t.gpu_count % e.tensor_parallel_size:
+            errs.append(
+                f"{key}.engine.tensor_parallel_size: {e.tensor_parallel_size} does not divide the "
+                f"{t.gpu_count} GPUs of {where}; allowed: a divisor of {t.gpu_count}"
+            )
+            continue
+        usable = gpus * t.gpu.memory_gib * e.gpu_memory_utilization
+        need = m.weights_gib + m.min_kv_cache_gib
+        if need > usable:
+            errs.append(
+                f"{key}.engine.gpu_memory_utilization: weights {m.weights_gib:.1f} GiB + KV headroom "
+                f"{m.min_kv_cache_gib:g} GiB = {need:.1f} GiB do not fit {gpus}x {t.gpu.memory_gib} GiB "
+                f"at {e.gpu_memory_utilization} ({usable:.1f} GiB) on {where}; raise "
+                f"tensor_parallel_size, quantize, or pick larger GPUs"
+            )
+        if e.quantization == "fp8" and not t.gpu.fp8:
+            errs.append(
+                f"{key}.engine.quantization: fp8 needs FP8 tensor cores, which {t.gpu.model} "
+                f"({t.gpu.architecture}) lacks ({where}); allowed GPUs: "
+                f"{_allowed(g.model for g in load_catalog().gpus.values() if g.fp8)}"
+            )
+        reserved = reserved_cpus_for(t.vcpus)
+        if m.resources.cpu > t.vcpus - reserved:
+            errs.append(
+                f"{key}.resources.cpu: {m.resources.cpu} CPUs exceed the {t.vcpus - reserved} "
+                f"allocatable on {where}"
+            )
+        if m.resources.memory_gib > t.memory_gib * 0.9:
+            errs.append(
+                f"{key}.resources.memory_gib: {m.resources.memory_gib} GiB exceeds ~90% of the "
+                f"{t.memory_gib} GiB on {where}"
+            )
+        if policy == "single-numa-node" and t.numa_nodes > 1:
+            if gpus > t.gpus_per_numa_node:
+                errs.append(
+                    f"{key}.engine.tensor_parallel_size: {gpus} GPUs per pod can never be aligned "
+                    f"to one NUMA node of {where} ({t.numa_nodes} NUMA nodes, "
+                    f"{t.gpus_per_numa_node} GPUs each) under topology_manager_policy "
+                    f"single-numa-node; allowed: at most {t.gpus_per_numa_node} GPUs, or set "
+                    f"{pool_key}.kubelet.topology_manager_policy to restricted/best-effort"
+                )
+            elif m.resources.cpu > t.vcpus_per_numa_node - reserved:
+                errs.append(
+                    f"{key}.resources.cpu: {m.resources.cpu} CPUs can never fit one NUMA node of "
+                    f"{where} ({t.vcpus_per_numa_node} vCPUs each, {reserved} reserved) under "
+                    f"single-numa-node; allowed: at most {t.vcpus_per_numa_node - reserved}"
+                )
+    return errs
+
+
+def _drain_budget(key: str, m: ModelConfig, cluster: Any, ci: int) -> list[str]:
+    notice = cluster.spot_notice_s
+    if notice <= 0:
+        return []
+    budget = m.drain.spot_drain_budget_s
+    if budget is not None and budget > notice:
+        return [
+            f"{key}.drain.spot_drain_budget_s: {budget}s is longer than the {notice}s spot notice "
+            f"of cluster '{cluster.name}' (clusters[{ci}]); allowed: 1..{notice}"
+        ]
+    effective = budget if budget is not None else notice - SPOT_NOTICE_MARGIN_S
+    if m.drain.max_request_s > effective:
+        return [
+            f"{key}.drain.max_request_s: {m.drain.max_request_s}s streams cannot finish within the "
+            f"{effective}s spot drain budget of cluster '{cluster.name}' (clusters[{ci}], "
+            f"{notice}s notice); allowed: <= {effective}, or place the model on an on-demand pool"
+        ]
+    return []
+
+
+def spot_drain_budget_s(m: ModelConfig, cluster: Any) -> int:
+    """The seconds a spot drain may take for `m` on `cluster`."""
+    if m.drain.spot_drain_budget_s is not None:
+        return m.drain.spot_drain_budget_s
+    return max(cluster.spot_notice_s - SPOT_NOTICE_MARGIN_S, 0)

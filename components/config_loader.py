@@ -1,0 +1,152 @@
+"""Reads the stack's Pulumi config once and turns it into a `StackConfig`, or a short clear error.
+
+`parse_stack_config` is pure (a dict in, a model or `ConfigError` out) so the rules are testable
+without Pulumi. `load_stack_config` is the thin adapter over the Pulumi runtime's config.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import pulumi
+from pydantic import ValidationError
+
+from components.config import ExistingCluster, StackConfig
+
+PROJECT = "gpu-inference-platform"
+HF_TOKEN_KEY = "hf_token"
+"""Secret config key that holds the Hugging Face token for gated models."""
+
+_SECRET_KEYS_ALLOWED = {HF_TOKEN_KEY}
+
+
+class ConfigError(pulumi.RunError):
+    """A stack config that fails validation. `RunError` makes Pulumi print the message alone."""
+
+
+@dataclass(frozen=True)
+class LoadedConfig:
+    stack: StackConfig
+    hf_token: Optional[pulumi.Output[str]]
+    kubeconfigs: dict[str, pulumi.Output[str]]
+    """Secret kubeconfigs of `existing` clusters that take theirs from a config key, by cluster name."""
+
+
+def _loc_to_path(loc: tuple[Any, ...], model: type = StackConfig) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part in ("aws", "gcp", "existing") and out.endswith("]"):
+            continue  # the discriminated-union tag pydantic inserts into the location
+        elif isinstance(part, str) and part.startswith("function-after"):
+            continue
+        else:
+            out += ("." if out else "") + str(part)
+    return out
+
+
+def format_validation_error(err: ValidationError, stack: str) -> str:
+    lines = []
+    for e in err.errors(include_url=False):
+        msg = e["msg"].removeprefix("Value error, ")
+        path = _loc_to_path(tuple(e["loc"]))
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key (not part of the config schema); check its spelling against the README"
+        elif e["type"] == "missing":
+            msg = "required key is missing"
+        elif e["type"] == "union_tag_invalid":
+            msg = "unknown cloud; allowed: aws, gcp, existing"
+        for i, line in enumerate(msg.splitlines()):
+            # cross-field rules already carry their own key path
+            lines.append(f"  - {line}" if (not path or ":" in line.split(" ")[0]) else f"  - {path}: {line}")
+    return f"invalid config for stack '{stack}':\n" + "\n".join(lines)
+
+
+def parse_stack_config(raw: dict[str, Any], stack: str, secret_keys: set[str] = frozenset()) -> StackConfig:
+    """Validate `raw` (config key without the project prefix -> decoded value)."""
+    allowed = set(StackConfig.model_fields) | _SECRET_KEYS_ALLOWED | _kubeconfig_keys(raw)
+    unknown = sorted(k for k in raw if k not in allowed)
+    if unknown:
+        raise ConfigError(
+            f"invalid config for stack '{stack}':\n"
+            + "\n".join(
+                f"  - {PROJECT}:{k}: unknown config key; allowed: {', '.join(sorted(StackConfig.model_fields))}"
+                for k in unknown
+            )
+        )
+    try:
+        cfg = StackConfig.model_validate({k: v for k, v in raw.items() if k in StackConfig.model_fields})
+    except ValidationError as err:
+        raise ConfigError(format_validation_error(err, stack)) from None
+    problems = []
+    gated = [i for i, m in enumerate(cfg.models) if m.gated]
+    if gated and HF_TOKEN_KEY not in raw:
+        problems.append(
+            f"  - {HF_TOKEN_KEY}: models[{gated[0]}] ({cfg.models[gated[0]].model}) is gated and needs a "
+            f"Hugging Face token; set it with `pulumi config set --secret {HF_TOKEN_KEY} <token>`"
+        )
+    if HF_TOKEN_KEY in raw and HF_TOKEN_KEY not in secret_keys:
+        problems.append(f"  - {HF_TOKEN_KEY}: must be a secret; set it with `pulumi config set --secret`")
+    for i, c in enumerate(cfg.clusters):
+        if isinstance(c, ExistingCluster) and c.kubeconfig_secret is not None:
+            if c.kubeconfig_secret not in raw:
+                problems.append(
+                    f"  - clusters[{i}].kubeconfig_secret: config key '{c.kubeconfig_secret}' is not set; "
+                    f"set it with `pulumi config set --secret {c.kubeconfig_secret} < kubeconfig`"
+                )
+            elif c.kubeconfig_secret not in secret_keys:
+                problems.append(
+                    f"  - {c.kubeconfig_secret}: a kubeconfig must be a secret config value "
+                    f"(`pulumi config set --secret`)"
+                )
+    if problems:
+        raise ConfigError(f"invalid config for stack '{stack}':\n" + "\n".join(problems))
+    return cfg
+
+
+def _kubeconfig_keys(raw: dict[str, Any]) -> set[str]:
+    keys = set()
+    for c in raw.get("clusters") or []:
+        if isinstance(c, dict) and isinstance(c.get("kubeconfig_secret"), str):
+            keys.add(c["kubeconfig_secret"])
+    return keys
+
+
+def _decode(value: Any) -> Any:
+    if isinstance(value, str) and value[:1] in ("{", "["):
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError:
+            return value
+    return value
+
+
+def raw_project_config(project: str = PROJECT) -> tuple[dict[str, Any], set[str]]:
+    """Every `<project>:<key>` config value the engine handed this program, and which are secret."""
+    from pulumi.runtime import config as rc
+
+    merged: dict[str, Any] = {}
+    merged.update(rc.get_config_env())
+    merged.update(rc.CONFIG.get())
+    prefix = f"{project}:"
+    raw = {k[len(prefix):]: _decode(v) for k, v in merged.items() if k.startswith(prefix)}
+    secret = {k[len(prefix):] for k in merged if k.startswith(prefix) and rc.is_config_secret(k)}
+    secret |= {k[len(prefix):] for k in rc.get_config_secret_keys_env() if k.startswith(prefix)}
+    return raw, secret
+
+
+def load_stack_config() -> LoadedConfig:
+    """Parse the running stack's config. Called once, from `__main__.py`."""
+    raw, secret_keys = raw_project_config()
+    stack = pulumi.get_stack()
+    cfg = parse_stack_config(raw, stack, secret_keys)
+    pcfg = pulumi.Config(PROJECT)
+    kubeconfigs = {
+        c.name: pcfg.require_secret(c.kubeconfig_secret)
+        for c in cfg.clusters
+        if isinstance(c, ExistingCluster) and c.kubeconfig_secret is not None
+    }
+    return LoadedConfig(stack=cfg, hf_token=pcfg.get_secret(HF_TOKEN_KEY), kubeconfigs=kubeconfigs)

@@ -1,0 +1,58 @@
+"""ExistingCluster: the platform layers on a cluster someone else runs. Creates no cloud resources.
+
+The kubeconfig comes from a secret config value or from another stack's output through a
+`StackReference`; either way it stays a secret.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Optional
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from components.cluster import ClusterHandle, pool_info
+from components.config import ExistingCluster as ExistingClusterConfig
+
+
+@dataclass(frozen=True)
+class ExistingClusterArgs:
+    config: ExistingClusterConfig
+    kubeconfig: Optional[pulumi.Output[str]] = None
+    """The secret kubeconfig when the config names a `kubeconfig_secret` key."""
+
+
+class ExistingCluster(pulumi.ComponentResource):
+    handle: ClusterHandle
+    stack_reference: Optional[pulumi.StackReference]
+
+    def __init__(self, name: str, args: ExistingClusterArgs, opts: Optional[pulumi.ResourceOptions] = None):
+        super().__init__("gpuinfra:existing:ExistingCluster", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        c = args.config
+        self.stack_reference = None
+        if c.stack_reference is not None:
+            self.stack_reference = pulumi.StackReference(f"{name}-ref", c.stack_reference.stack, opts=child)
+            kubeconfig = pulumi.Output.secret(self.stack_reference.require_output(c.stack_reference.output))
+        elif args.kubeconfig is not None:
+            kubeconfig = pulumi.Output.secret(args.kubeconfig)
+        else:
+            raise ValueError(f"cluster '{c.name}': no kubeconfig source (config validation should catch this)")
+        kubeconfig = kubeconfig.apply(lambda k: k if isinstance(k, str) else json.dumps(k))
+        provider = k8s.Provider(f"{name}-k8s", kubeconfig=kubeconfig, opts=child)
+        self.handle = ClusterHandle(
+            cloud="existing",
+            name=c.name,
+            region=c.region,
+            provider=provider,
+            cluster_name=pulumi.Output.from_input(c.name),
+            endpoint=pulumi.Output.from_input(""),
+            kubeconfig=kubeconfig,
+            oidc_issuer=pulumi.Output.from_input(""),
+            gpu_pools={p.name: pool_info(p) for p in c.gpu_pools},
+            spot_notice_s=c.spot_notice_s,
+            native=self.stack_reference,
+        )
+        self.register_outputs({"clusterName": self.handle.cluster_name})

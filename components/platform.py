@@ -1,0 +1,90 @@
+"""Wires the stack: clusters first, then the platform layers on each, then the stack outputs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pulumi
+
+from components.addons import PlatformAddons, PlatformAddonsArgs
+from components.aws_cluster import AwsGpuCluster, AwsGpuClusterArgs
+from components.cluster import ClusterHandle
+from components.config import AwsCluster, ExistingCluster as ExistingClusterConfig, GcpCluster, StackConfig
+from components.config_loader import LoadedConfig
+from components.ebpf_agent import EbpfAgent, EbpfAgentArgs
+from components.existing_cluster import ExistingCluster, ExistingClusterArgs
+from components.gcp_cluster import GcpGpuCluster, GcpGpuClusterArgs
+from components.vllm_serving import VllmServing, VllmServingArgs
+
+
+def platform_labels(cfg: StackConfig) -> dict[str, str]:
+    """Labels on every Kubernetes object the platform creates."""
+    return {"app.kubernetes.io/part-of": "gpu-inference-platform", "gpuinfra.io/environment": cfg.environment}
+
+
+@dataclass
+class ClusterLayers:
+    handle: ClusterHandle
+    addons: PlatformAddons
+    agent: EbpfAgent | None
+    serving: dict[str, VllmServing] = field(default_factory=dict)
+
+
+def build_cluster(loaded: LoadedConfig, c: Any) -> ClusterHandle:
+    cfg = loaded.stack
+    if isinstance(c, AwsCluster):
+        return AwsGpuCluster(c.name, AwsGpuClusterArgs(config=c, environment=cfg.environment, tags=cfg.tags)).handle
+    if isinstance(c, GcpCluster):
+        return GcpGpuCluster(c.name, GcpGpuClusterArgs(config=c, environment=cfg.environment, tags=cfg.tags)).handle
+    if isinstance(c, ExistingClusterConfig):
+        return ExistingCluster(c.name, ExistingClusterArgs(config=c, kubeconfig=loaded.kubeconfigs.get(c.name))).handle
+    raise TypeError(f"unsupported cluster config {type(c).__name__}")
+
+
+def build_layers(loaded: LoadedConfig, handle: ClusterHandle) -> ClusterLayers:
+    cfg = loaded.stack
+    labels = platform_labels(cfg)
+    on_cluster = pulumi.ResourceOptions(provider=handle.provider)
+    addons = PlatformAddons(
+        f"{handle.name}-addons",
+        PlatformAddonsArgs(namespaces=cfg.namespaces, observability=cfg.observability, labels=labels),
+        opts=on_cluster,
+    )
+    after_addons = pulumi.ResourceOptions(provider=handle.provider, depends_on=[addons])
+    agent = None
+    if cfg.ebpf_agent.enabled:
+        agent = EbpfAgent(
+            f"{handle.name}-ebpf-agent",
+            EbpfAgentArgs(
+                config=cfg.ebpf_agent,
+                namespace=addons.system_namespace,
+                sockmap_ports=cfg.sockmap_ports(),
+                gpu_pools=list(handle.gpu_pools.values()),
+                observability=cfg.observability,
+                labels=labels,
+            ),
+            opts=after_addons,
+        )
+    layers = ClusterLayers(handle=handle, addons=addons, agent=agent)
+    for model, placement in cfg.placements_on(handle.name):
+        layers.serving[model.name] = VllmServing(
+            f"{handle.name}-{model.name}",
+            VllmServingArgs(
+                model=model,
+                placement=placement,
+                pool=handle.gpu_pools[placement.pool],
+                cloud=handle.cloud,
+                spot_notice_s=handle.spot_notice_s,
+                namespace=addons.serving_namespace,
+                hf_token=loaded.hf_token,
+                observability=cfg.observability,
+                labels=labels,
+            ),
+            opts=after_addons,
+        )
+    return layers
+
+
+def build_platform(loaded: LoadedConfig) -> dict[str, ClusterLayers]:
+    return {c.name: build_layers(loaded, build_cluster(loaded, c)) for c in loaded.stack.clusters}

@@ -1,0 +1,108 @@
+# SPDX-License-Identifier: Apache-2.0
+"""CUDA uprobes through stub libraries, and TCP send backpressure with slow and fast readers."""
+from __future__ import annotations
+
+import ctypes
+import os
+import socket
+import struct
+import threading
+import time
+
+import pytest
+
+from agent.programs import CudaLat, TcpBackpressure
+
+N_CALLS = 1000
+
+
+def _cgroup_id(path: str) -> int:
+    return os.stat(path).st_ino
+
+
+def test_uprobe_histogram_counts_every_call(bpf_build, cuda_stubs, test_cgroup, pin_dir):
+    unit = CudaLat(name="cudalat", bpf_dir=bpf_build, pin_dir=pin_dir, unpin_on_exit=True,
+                   libraries=(cuda_stubs["libcudart"], cuda_stubs["libcuda"]), scan_proc=None)
+    assert unit.start(), unit.error
+    try:
+        assert unit.probes == 2 * 5, "entry+return probes for 4 runtime and 1 driver symbol"
+        rt, drv = ctypes.CDLL(cuda_stubs["libcudart"]), ctypes.CDLL(cuda_stubs["libcuda"])
+        for _ in range(N_CALLS):
+            rt.cudaLaunchKernel(None, 1, 1, None, 0, None)
+        for _ in range(7):
+            rt.cudaMalloc(None, 16)
+            drv.cuLaunchKernel(None, 1, 1, 1, 1, 1, 1, 0, None, None, None)
+        cg = _cgroup_id(test_cgroup)
+        hist = {call: (sum(slots), sum_ns) for cgid, call, slots, sum_ns in unit.histograms() if cgid == cg}
+        assert hist["cudaLaunchKernel"][0] == N_CALLS, hist
+        assert hist["cudaMalloc"][0] == 7, hist
+        assert hist["cuLaunchKernel"][0] == 7, hist
+        assert hist["cudaLaunchKernel"][1] > 0, hist
+        assert "cudaStreamSynchronize" not in hist, hist
+    finally:
+        unit.stop()
+
+
+def _send_counts(unit: TcpBackpressure, cg: int) -> tuple[int, int]:
+    for cgid, samples, events, _blocked in unit.counts():
+        if cgid == cg:
+            return samples, events
+    return 0, 0
+
+
+def _stream(slow_reader: bool, n_chunks: int) -> None:
+    """Sends n_chunks x 16 KiB over loopback; the reader drains fast or 4 KiB every 20 ms.
+
+    Fixed 64 KiB buffers turn off autotuning, so a stalled reader fills the send queue quickly.
+    The sender is a plain blocking socket (kernel SO_SNDTIMEO, no Python timeout): Python's
+    timeout mode waits in poll() until the queue is below 2/3 of sndbuf, so sendmsg would never
+    see a nearly full queue."""
+    srv = socket.socket()
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+    cl = socket.socket()
+    cl.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 65536)
+    cl.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", 30, 0))
+    cl.settimeout(None)
+    cl.connect(srv.getsockname())
+    sv, _ = srv.accept()
+    sv.settimeout(30)
+    done = threading.Event()
+
+    def reader() -> None:
+        while not done.is_set():
+            if slow_reader:
+                time.sleep(0.02)
+            if not sv.recv(4096 if slow_reader else 1 << 20):
+                break
+
+    t = threading.Thread(target=reader, daemon=True)
+    t.start()
+    try:
+        chunk = b"x" * 16384
+        for _ in range(n_chunks):
+            cl.sendall(chunk)
+    finally:
+        cl.close()
+        done.set()
+        t.join(30)
+        sv.close()
+        srv.close()
+
+
+def test_backpressure_slow_reader_counts_fast_reader_does_not(bpf_build, test_cgroup, pin_dir):
+    unit = TcpBackpressure(name="tcpbp", bpf_dir=bpf_build, pin_dir=pin_dir, unpin_on_exit=True)
+    assert unit.start(), unit.error
+    try:
+        cg = _cgroup_id(test_cgroup)
+        s0, e0 = _send_counts(unit, cg)
+        _stream(slow_reader=False, n_chunks=1000)
+        s1, e1 = _send_counts(unit, cg)
+        assert s1 > s0, "the send path was not observed"
+        assert e1 == e0, f"fast reader flagged {e1 - e0} backpressure events of {s1 - s0}"
+        _stream(slow_reader=True, n_chunks=40)
+        s2, e2 = _send_counts(unit, cg)
+        assert e2 > e1, f"slow reader: no backpressure events in {s2 - s1} samples"
+    finally:
+        unit.stop()

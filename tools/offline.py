@@ -1,0 +1,289 @@
+"""Runs the real `__main__.py` for a stack under Pulumi's mock engine and records what it registers.
+
+This is the offline render (`python -m tools.render <stack>`) and the program-test harness
+(`tests/`). There is one program: `pulumi up` runs the same `__main__.py` against the real engine.
+
+Only the cloud boundary is mocked: resource creation returns its inputs plus the few computed
+outputs that a real provider would fill in (`tools/mock_outputs.py`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import runpy
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import pulumi
+import yaml
+from google.protobuf import json_format
+from pulumi.runtime import mocks as pmocks
+from pulumi.runtime import settings as psettings
+from pulumi.runtime.sync_await import _sync_await
+
+from tools import mock_outputs
+
+ROOT = Path(__file__).resolve().parent.parent
+PROJECT = yaml.safe_load((ROOT / "Pulumi.yaml").read_text())["name"]
+
+SECRET_SIG = "1b47061264138c4ac30d75fd1eb44270"
+RESOURCE_SIG = "5cf8f73096256a8f31e491e813e4eb8e"
+SIG_KEY = "4dabf18193072939515e22adb298388d"
+UNKNOWN = "04da6b54-80e4-46f7-96ec-b56ff0331ba9"
+MASK = "[secret]"
+OFFLINE_SECRET_PLACEHOLDER = "offline-render-placeholder"
+
+
+@dataclass
+class Registered:
+    type: str
+    name: str
+    urn: str
+    parent: str
+    custom: bool
+    inputs: dict[str, Any]
+    """Inputs with secrets replaced by `[secret]` and resource references by their URN."""
+    raw_inputs: dict[str, Any]
+    """Inputs as the provider would receive them (secrets unwrapped). Tests only; never written."""
+    secret_paths: list[str] = field(default_factory=list)
+    provider: str = ""
+    dependencies: list[str] = field(default_factory=list)
+
+    @property
+    def is_kubernetes_object(self) -> bool:
+        return self.custom and self.type.startswith("kubernetes:") and self.type.count(":") == 2 and (
+            not self.type.startswith("kubernetes:helm.sh/")
+            and not self.type.startswith("kubernetes:yaml")
+            and self.type != "pulumi:providers:kubernetes"
+        )
+
+
+@dataclass
+class ProgramRun:
+    stack: str
+    resources: list[Registered]
+    outputs: dict[str, Any]
+    """Stack outputs with secrets masked."""
+    raw_outputs: dict[str, Any]
+    secret_outputs: list[str]
+    error: Optional[BaseException] = None
+    log: str = ""
+
+    # --- queries the tests and the render use -------------------------------------------------
+    def by_type(self, type_: str) -> list[Registered]:
+        return [r for r in self.resources if r.type == type_]
+
+    def by_type_prefix(self, prefix: str) -> list[Registered]:
+        return [r for r in self.resources if r.type.startswith(prefix)]
+
+    def get(self, type_: str, name: str) -> Registered:
+        hits = [r for r in self.resources if r.type == type_ and r.name == name]
+        if len(hits) != 1:
+            names = sorted(r.name for r in self.by_type(type_))
+            raise KeyError(f"expected one {type_} named {name!r}, found {len(hits)}; have {names}")
+        return hits[0]
+
+    def by_urn(self) -> dict[str, Registered]:
+        return {r.urn: r for r in self.resources}
+
+    def component_of(self, r: Registered) -> Optional[Registered]:
+        """The nearest `gpuinfra:` component that `r` lives under."""
+        index = self.by_urn()
+        cur = index.get(r.parent)
+        while cur is not None:
+            if cur.type.startswith("gpuinfra:"):
+                return cur
+            cur = index.get(cur.parent)
+        return None
+
+    def ancestors(self, r: Registered) -> list[Registered]:
+        index, out, cur = self.by_urn(), [], self.by_urn().get(r.parent)
+        while cur is not None:
+            out.append(cur)
+            cur = index.get(cur.parent)
+        return out
+
+    def kubernetes_objects(self) -> list[Registered]:
+        return [r for r in self.resources if r.is_kubernetes_object]
+
+    def provider_of(self, r: Registered) -> Optional[Registered]:
+        """The explicit provider resource that `r` was created through (its URN is before `::id`)."""
+        if not r.provider:
+            return None
+        return self.by_urn().get(r.provider.rsplit("::", 1)[0])  # a reference is `<urn>::<id>`
+
+
+def _unwrap(value: Any, path: str, secrets: list[str], mask: bool) -> Any:
+    if isinstance(value, dict):
+        sig = value.get(SIG_KEY)
+        if sig == SECRET_SIG:
+            secrets.append(path)
+            return MASK if mask else _unwrap(value.get("value"), path, secrets, mask)
+        if sig == RESOURCE_SIG:
+            return value.get("urn")
+        return {k: _unwrap(v, f"{path}.{k}" if path else k, secrets, mask) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_unwrap(v, f"{path}[{i}]", secrets, mask) for i, v in enumerate(value)]
+    if value == UNKNOWN:
+        return "[unknown]"
+    return value
+
+
+def _struct(msg) -> dict[str, Any]:
+    return json_format.MessageToDict(msg, preserving_proto_field_name=True) if msg is not None else {}
+
+
+class _RecordingMonitor(pmocks.MockMonitor):
+    def __init__(self, mocks: "_Mocks", run: ProgramRun):
+        super().__init__(mocks)
+        self.run = run
+
+    def RegisterResource(self, request):
+        resp = super().RegisterResource(request)
+        if request.type != "pulumi:pulumi:Stack":
+            obj = _struct(request.object)
+            secrets: list[str] = []
+            masked = _unwrap(obj, "", secrets, mask=True)
+            raw = _unwrap(obj, "", [], mask=False)
+            self.run.resources.append(
+                Registered(
+                    type=request.type,
+                    name=request.name,
+                    urn=resp.urn,
+                    parent=request.parent,
+                    custom=bool(request.custom),
+                    inputs=masked,
+                    raw_inputs=raw,
+                    secret_paths=secrets,
+                    provider=request.provider,
+                    dependencies=list(request.dependencies),
+                )
+            )
+        return resp
+
+    def RegisterResourceOutputs(self, request):
+        if request.urn.split("::")[2] == "pulumi:pulumi:Stack":
+            obj = _struct(request.outputs)
+            secrets: list[str] = []
+            self.run.outputs = _unwrap(obj, "", secrets, mask=True)
+            self.run.raw_outputs = _unwrap(obj, "", [], mask=False)
+            self.run.secret_outputs = secrets
+        return super().RegisterResourceOutputs(request)
+
+
+class _Mocks(pulumi.runtime.Mocks):
+    def new_resource(self, args: pulumi.runtime.MockResourceArgs):
+        outputs = mock_outputs.resource_outputs(args.typ, args.name, dict(args.inputs))
+        return f"{args.name}-id", outputs
+
+    def call(self, args: pulumi.runtime.MockCallArgs):
+        return mock_outputs.call_outputs(args.token, dict(args.args))
+
+
+def stack_config(stack: str) -> dict[str, Any]:
+    """The `config:` block of `Pulumi.<stack>.yaml` (fully qualified keys)."""
+    path = ROOT / f"Pulumi.{stack}.yaml"
+    if not path.exists():
+        raise FileNotFoundError(f"no stack file {path.name}; stacks: {', '.join(available_stacks())}")
+    return yaml.safe_load(path.read_text()).get("config") or {}
+
+
+def available_stacks() -> list[str]:
+    return sorted(p.name[len("Pulumi."):-len(".yaml")] for p in ROOT.glob("Pulumi.*.yaml"))
+
+
+def engine_config(config: dict[str, Any], secrets: dict[str, str] | None = None) -> tuple[dict[str, str], list[str]]:
+    """Turn a stack file's config block into what the engine hands a program.
+
+    Values encrypted with `secure:` cannot be decrypted offline; they become a placeholder secret.
+    Structured values are passed as JSON, as the engine does.
+    """
+    out: dict[str, str] = {}
+    secret_keys: list[str] = []
+    for key, value in config.items():
+        key = key if ":" in key else f"{PROJECT}:{key}"
+        if isinstance(value, dict) and set(value) == {"secure"}:
+            out[key] = OFFLINE_SECRET_PLACEHOLDER
+            secret_keys.append(key)
+        elif isinstance(value, (dict, list)):
+            out[key] = json.dumps(value)
+        elif isinstance(value, bool):
+            out[key] = "true" if value else "false"
+        else:
+            out[key] = str(value)
+    for key, value in (secrets or {}).items():
+        key = key if ":" in key else f"{PROJECT}:{key}"
+        out[key] = value
+        secret_keys.append(key)
+    return out, secret_keys
+
+
+def offline_secrets(config: dict[str, Any]) -> dict[str, str]:
+    """Placeholder values for secrets a stack needs but keeps out of its file (`hf_token`)."""
+    key = f"{PROJECT}:hf_token"
+    models = config.get(f"{PROJECT}:models") or []
+    needs_token = any(isinstance(m, dict) and m.get("gated") for m in models)
+    return {key: OFFLINE_SECRET_PLACEHOLDER} if needs_token and key not in config else {}
+
+
+def run_program(
+    stack: str,
+    config: dict[str, Any] | None = None,
+    secrets: dict[str, str] | None = None,
+    program: Path = ROOT / "__main__.py",
+    raise_errors: bool = True,
+) -> ProgramRun:
+    """Run `program` for `stack` under mocks. `config` replaces the stack file's config block."""
+    cfg = stack_config(stack) if config is None else config
+    values, secret_keys = engine_config(cfg, {**offline_secrets(cfg), **(secrets or {})})
+
+    run = ProgramRun(stack=stack, resources=[], outputs={}, raw_outputs={}, secret_outputs=[])
+    mocks = _Mocks()
+    pulumi.runtime.set_mocks(
+        mocks, project=PROJECT, stack=stack, preview=False, monitor=_RecordingMonitor(mocks, run)
+    )
+    pulumi.runtime.set_all_config(values, secret_keys)
+    psettings.ROOT.set(None)
+
+    log = io.StringIO()
+
+    def body() -> None:
+        from pulumi.runtime.stack import Stack
+
+        stack_res = Stack()
+        try:
+            runpy.run_path(str(program), run_name="__main__")
+        finally:
+            stack_res._finish()
+
+    cwd = os.getcwd()
+    sys.path.insert(0, str(ROOT))
+    os.chdir(ROOT)
+    try:
+        with contextlib.redirect_stderr(log):
+            _sync_await(pulumi.runtime.stack.run_pulumi_func(body))
+    except BaseException as exc:  # noqa: BLE001 - handed back to the caller, re-raised if asked
+        run.error = exc
+        if raise_errors:
+            raise
+    finally:
+        os.chdir(cwd)
+        sys.path.remove(str(ROOT))
+        run.log = log.getvalue()
+    return run
+
+
+def cached_runs() -> Callable[[str], ProgramRun]:
+    cache: dict[str, ProgramRun] = {}
+
+    def get(stack: str) -> ProgramRun:
+        if stack not in cache:
+            cache[stack] = run_program(stack)
+        return cache[stack]
+
+    return get
