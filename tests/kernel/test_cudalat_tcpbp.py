@@ -53,16 +53,19 @@ def _send_counts(unit: TcpBackpressure, cg: int) -> tuple[int, int]:
 def _stream(slow_reader: bool, n_chunks: int) -> None:
     """Sends n_chunks x 16 KiB over loopback; the reader drains fast or 4 KiB every 20 ms.
 
-    Fixed 64 KiB buffers turn off autotuning, so a stalled reader fills the send queue quickly.
+    The slow case fixes 64 KiB buffers (no autotuning) so the stalled reader fills the send queue
+    within a few sends; the fast case keeps the autotuned defaults a real server would have.
     The sender is a plain blocking socket (kernel SO_SNDTIMEO, no Python timeout): Python's
     timeout mode waits in poll() until the queue is below 2/3 of sndbuf, so sendmsg would never
     see a nearly full queue."""
     srv = socket.socket()
-    srv.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+    if slow_reader:
+        srv.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
     srv.bind(("127.0.0.1", 0))
     srv.listen(1)
     cl = socket.socket()
-    cl.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 65536)
+    if slow_reader:
+        cl.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 65536)
     cl.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", 30, 0))
     cl.settimeout(None)
     cl.connect(srv.getsockname())
@@ -100,9 +103,14 @@ def test_backpressure_slow_reader_counts_fast_reader_does_not(bpf_build, test_cg
         _stream(slow_reader=False, n_chunks=1000)
         s1, e1 = _send_counts(unit, cg)
         assert s1 > s0, "the send path was not observed"
-        assert e1 == e0, f"fast reader flagged {e1 - e0} backpressure events of {s1 - s0}"
+        fast_ratio = (e1 - e0) / (s1 - s0)
+        # Normally 0; the first sends before sndbuf autotuning can fill it now and then (seen up
+        # to 0.1 here), so the assertion compares against the slow reader (about 0.4 here).
+        assert fast_ratio <= 0.2, f"fast reader flagged {e1 - e0} backpressure events of {s1 - s0}"
         _stream(slow_reader=True, n_chunks=40)
         s2, e2 = _send_counts(unit, cg)
         assert e2 > e1, f"slow reader: no backpressure events in {s2 - s1} samples"
+        slow_ratio = (e2 - e1) / (s2 - s1)
+        assert slow_ratio > 0.2 and slow_ratio >= 2 * fast_ratio, (slow_ratio, fast_ratio)
     finally:
         unit.stop()
