@@ -86,6 +86,8 @@ def _stream(slow_reader: bool, n_chunks: int) -> None:
         chunk = b"x" * 16384
         for _ in range(n_chunks):
             cl.sendall(chunk)
+            if not slow_reader:
+                time.sleep(0.001)  # a reader that keeps up: the sender is not faster than it
     finally:
         cl.close()
         done.set()
@@ -100,13 +102,12 @@ def test_backpressure_slow_reader_counts_fast_reader_does_not(bpf_build, test_cg
     try:
         cg = _cgroup_id(test_cgroup)
         s0, e0 = _send_counts(unit, cg)
-        _stream(slow_reader=False, n_chunks=1000)
+        _stream(slow_reader=False, n_chunks=300)
         s1, e1 = _send_counts(unit, cg)
         assert s1 > s0, "the send path was not observed"
         fast_ratio = (e1 - e0) / (s1 - s0)
-        # Normally 0; the first sends before sndbuf autotuning can fill it now and then (seen up
-        # to 0.1 here), so the assertion compares against the slow reader (about 0.4 here).
-        assert fast_ratio <= 0.2, f"fast reader flagged {e1 - e0} backpressure events of {s1 - s0}"
+        # Normally 0; the allowance keeps a loaded CI machine (a stalled reader thread) green.
+        assert fast_ratio <= 0.05, f"fast reader flagged {e1 - e0} backpressure events of {s1 - s0}"
         _stream(slow_reader=True, n_chunks=40)
         s2, e2 = _send_counts(unit, cg)
         assert e2 > e1, f"slow reader: no backpressure events in {s2 - s1} samples"
