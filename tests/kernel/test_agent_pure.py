@@ -1,0 +1,92 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Pure agent logic (no kernel, no root): cgroup resolution, bucket conversion, config, maps scan."""
+import pytest
+from hypothesis import given, strategies as st
+
+import conftest  # noqa: F401  (puts bpf/ on sys.path)
+from agent import config
+from agent.cgroups import (Workload, find_cgroup2_mount, parse_cgroup_path, parse_container_log_name,
+                           parse_pod_log_dir, resolve)
+from agent.cudalibs import parse_maps
+from agent.metrics import FIRST_SLOT, LAST_SLOT, log2_to_cumulative
+
+UID = "0b0e4ff6-4b5c-4d1e-9a2f-2f2b8f7e2c11"
+CID = "a" * 64
+
+
+@pytest.mark.parametrize("path", [
+    f"/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{UID.replace('-', '_')}.slice/cri-containerd-{CID}.scope",
+    f"/kubepods.slice/kubepods-pod{UID.replace('-', '_')}.slice/docker-{CID}.scope",
+    f"/kubepods/besteffort/pod{UID}/{CID}",
+    f"/kubepods/pod{UID}/crio-{CID}",
+])
+def test_parse_kubelet_cgroup_paths(path):
+    assert parse_cgroup_path(path) == (UID, CID)
+
+
+@pytest.mark.parametrize("path", ["/", "/system.slice/containerd.service", f"/user.slice/{CID}"])
+def test_non_kubelet_paths_have_no_pod(path):
+    assert parse_cgroup_path(path) == (None, None)
+
+
+def test_pod_level_cgroup_has_uid_only():
+    assert parse_cgroup_path(f"/kubepods/burstable/pod{UID}") == (UID, None)
+
+
+def test_log_names():
+    assert parse_container_log_name(f"vllm-0_serving_vllm-{CID}.log") == ("serving", "vllm-0", "vllm", CID)
+    assert parse_container_log_name(f"router-7d_ns_my-sidecar-{CID}.log") == ("ns", "router-7d", "my-sidecar", CID)
+    assert parse_container_log_name("garbage.log") is None
+    assert parse_pod_log_dir(f"serving_vllm-0_{UID}") == ("serving", "vllm-0", UID)
+    assert parse_pod_log_dir("nope") is None
+
+
+def test_resolve_prefers_container_names_then_pod_then_path():
+    path = f"/kubepods/burstable/pod{UID}/{CID}"
+    assert resolve(path, {CID: ("serving", "vllm-0", "vllm")}, {}) == Workload("serving", "vllm-0", "vllm", path)
+    assert resolve(path, {}, {UID: ("serving", "vllm-0")}) == Workload("serving", "vllm-0", CID[:12], path)
+    assert resolve("/system.slice/x", {}, {}) == Workload("", "", "", "/system.slice/x")
+
+
+def test_find_cgroup2_mount():
+    info = ("30 24 0:26 / /sys/fs/cgroup/cpu rw - cgroup cgroup rw,cpu\n"
+            "35 24 0:31 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw\n")
+    assert find_cgroup2_mount(info) == "/sys/fs/cgroup/unified"
+    assert find_cgroup2_mount("1 2 0:1 / / rw - ext4 /dev/x rw\n") is None
+
+
+def test_parse_maps_finds_cuda_libraries():
+    maps = ("7f00-7f10 r-xp 00000000 08:01 123 /usr/local/cuda/lib64/libcudart.so.12.4.127\n"
+            "7f10-7f20 r-xp 00000000 08:01 124 /usr/lib/x86_64-linux-gnu/libcuda.so.1\n"
+            "7f20-7f30 r-xp 00000000 08:01 125 /usr/lib/libcudnn.so.9\n"
+            "7f30-7f40 rw-p 00000000 00:00 0 \n")
+    assert parse_maps(maps) == {("libcudart", "/usr/local/cuda/lib64/libcudart.so.12.4.127"),
+                                ("libcuda", "/usr/lib/x86_64-linux-gnu/libcuda.so.1")}
+
+
+def test_bucket_bounds_are_seconds():
+    b = log2_to_cumulative([0] * 40)
+    assert b[0] == (repr(2 ** (FIRST_SLOT + 1) / 1e9), 0)
+    assert b[-2][0] == repr(2 ** (LAST_SLOT + 1) / 1e9)
+    assert b[-1] == ("+Inf", 0)
+
+
+@given(st.lists(st.integers(min_value=0, max_value=10 ** 9), min_size=40, max_size=40))
+def test_buckets_cumulative_and_complete(slots):
+    b = log2_to_cumulative(slots)
+    counts = [c for _, c in b]
+    assert counts == sorted(counts)
+    assert b[-1] == ("+Inf", sum(slots))
+    assert b[0][1] == sum(slots[:FIRST_SLOT + 1])
+    assert len(b) == LAST_SLOT - FIRST_SLOT + 2
+
+
+def test_config_flags_env_and_errors():
+    s = config.parse([], environ={"GPUINFRA_EBPF_PORTS": "8000,8080", "GPUINFRA_EBPF_METRICS_PORT": "9500"})
+    assert s.ports == (8000, 8080) and s.metrics_port == 9500 and s.programs == config.PROGRAMS
+    assert config.parse(["--ports", "1234"], environ={"GPUINFRA_EBPF_PORTS": "8000"}).ports == (1234,)
+    assert config.parse([], environ={}).metrics_port == 9435
+    with pytest.raises(SystemExit):
+        config.parse(["--programs", "sockredir,bogus"], environ={})
+    with pytest.raises(SystemExit):
+        config.parse(["--ports", "70000"], environ={})
