@@ -87,7 +87,7 @@ class GpuPoolBase(Base):
     @model_validator(mode="after")
     def _min_le_max(self):
         if self.min_nodes > self.max_nodes:
-            raise ValueError(f"min_nodes ({self.min_nodes}) must be <= max_nodes ({self.max_nodes})")
+            raise ValueError(f"min_nodes: {self.min_nodes} must be <= max_nodes ({self.max_nodes})")
         return self
 
     @property
@@ -130,7 +130,7 @@ class AwsGpuPool(GpuPoolBase):
     @model_validator(mode="after")
     def _has_types(self):
         if not self.instance_families and not self.instance_types_allowed:
-            raise ValueError("set instance_families and/or instance_types (at least one GPU type)")
+            raise ValueError("instance_types: set instance_families and/or instance_types (at least one GPU type)")
         return self
 
     @property
@@ -167,12 +167,12 @@ class GcpGpuPool(GpuPoolBase):
         t = load_catalog().gcp[self.machine_type]
         if self.accelerator_type is not None and self.accelerator_type != t.accelerator:
             raise ValueError(
-                f"accelerator_type '{self.accelerator_type}' is not available on {self.machine_type}; "
+                f"accelerator_type: '{self.accelerator_type}' is not available on {self.machine_type}; "
                 f"allowed: {t.accelerator}"
             )
         if self.accelerator_count is not None and self.accelerator_count != t.gpu_count:
             raise ValueError(
-                f"accelerator_count {self.accelerator_count} is not allowed on {self.machine_type}; "
+                f"accelerator_count: {self.accelerator_count} is not allowed on {self.machine_type}; "
                 f"allowed: {t.gpu_count}"
             )
         return self
@@ -250,7 +250,7 @@ class SystemNodeGroup(Base):
     @model_validator(mode="after")
     def _sizes(self):
         if not self.min_size <= self.desired_size <= self.max_size:
-            raise ValueError("need min_size <= desired_size <= max_size")
+            raise ValueError("desired_size: need min_size <= desired_size <= max_size")
         return self
 
 
@@ -372,7 +372,7 @@ class ExistingCluster(Base):
     @model_validator(mode="after")
     def _one_source(self):
         if (self.kubeconfig_secret is None) == (self.stack_reference is None):
-            raise ValueError("set exactly one of kubeconfig_secret or stack_reference")
+            raise ValueError("kubeconfig_secret: set exactly one of kubeconfig_secret or stack_reference")
         return self
 
     @property
@@ -545,7 +545,7 @@ class Placement(Base):
     @model_validator(mode="after")
     def _bounds(self):
         if self.min_replicas > self.max_replicas:
-            raise ValueError(f"min_replicas ({self.min_replicas}) must be <= max_replicas ({self.max_replicas})")
+            raise ValueError(f"min_replicas: {self.min_replicas} must be <= max_replicas ({self.max_replicas})")
         return self
 
 
@@ -605,21 +605,21 @@ class ModelConfig(Base):
         floor = self.prestop_timeout_s + self.shutdown_timeout_s + self.drain.termination_buffer_s
         if self.termination_grace_period_s < floor:
             raise ValueError(
-                f"drain.termination_grace_period_s ({self.termination_grace_period_s}) must be >= "
+                f"drain.termination_grace_period_s: {self.termination_grace_period_s} must be >= "
                 f"prestop_timeout_s + shutdown_timeout_s + termination_buffer_s = {floor}"
             )
         if e.tensor_parallel_size > 1 and self.shm_size_gib < 2 * e.tensor_parallel_size:
             raise ValueError(
-                f"resources.shm_size_gib ({self.shm_size_gib}) is too small for tensor_parallel_size "
+                f"resources.shm_size_gib: {self.shm_size_gib} is too small for tensor_parallel_size "
                 f"{e.tensor_parallel_size}: NCCL needs at least {2 * e.tensor_parallel_size} GiB of /dev/shm"
             )
         if self.resources.memory_gib <= self.shm_size_gib:
             raise ValueError(
-                f"resources.memory_gib ({self.resources.memory_gib}) must exceed shm_size_gib "
+                f"resources.memory_gib: {self.resources.memory_gib} must exceed shm_size_gib "
                 f"({self.shm_size_gib}): a Memory emptyDir counts against the pod's memory limit"
             )
         if self.overflow_to is not None and self.tier != "primary":
-            raise ValueError("overflow_to is only allowed on a primary-tier model")
+            raise ValueError("overflow_to: only allowed on a primary-tier model")
         return self
 
 

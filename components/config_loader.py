@@ -7,6 +7,7 @@ without Pulumi. `load_stack_config` is the thin adapter over the Pulumi runtime'
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -48,6 +49,20 @@ def _loc_to_path(loc: tuple[Any, ...], model: type = StackConfig) -> str:
     return out
 
 
+_REL_KEY = re.compile(r"^([A-Za-z_][\w\[\].]*): (.*)$")
+
+
+def _qualify(path: str, line: str) -> str:
+    """Prefix a message with its key path. Model-level rules start with a key relative to `path`."""
+    if not path:
+        return line  # stack-level rules carry absolute key paths
+    m = _REL_KEY.match(line)
+    if m is None:
+        return f"{path}: {line}"
+    key, rest = m.groups()
+    return f"{path}{'' if key.startswith('[') else '.'}{key}: {rest}"
+
+
 def format_validation_error(err: ValidationError, stack: str) -> str:
     lines = []
     for e in err.errors(include_url=False):
@@ -59,9 +74,8 @@ def format_validation_error(err: ValidationError, stack: str) -> str:
             msg = "required key is missing"
         elif e["type"] == "union_tag_invalid":
             msg = "unknown cloud; allowed: aws, gcp, existing"
-        for i, line in enumerate(msg.splitlines()):
-            # cross-field rules already carry their own key path
-            lines.append(f"  - {line}" if (not path or ":" in line.split(" ")[0]) else f"  - {path}: {line}")
+        for line in msg.splitlines():
+            lines.append(f"  - {_qualify(path, line)}")
     return f"invalid config for stack '{stack}':\n" + "\n".join(lines)
 
 

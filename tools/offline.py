@@ -17,7 +17,7 @@ import runpy
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import pulumi
 import yaml
@@ -73,6 +73,9 @@ class ProgramRun:
     secret_outputs: list[str]
     error: Optional[BaseException] = None
     log: str = ""
+    config: dict[str, str] = field(default_factory=dict)
+    """The config the engine handed the program (fully qualified keys, JSON for structured values)."""
+    secret_keys: list[str] = field(default_factory=list)
 
     # --- queries the tests and the render use -------------------------------------------------
     def by_type(self, type_: str) -> list[Registered]:
@@ -237,12 +240,19 @@ def run_program(
     secrets: dict[str, str] | None = None,
     program: Path = ROOT / "__main__.py",
     raise_errors: bool = True,
+    placeholder_secrets: bool = True,
 ) -> ProgramRun:
-    """Run `program` for `stack` under mocks. `config` replaces the stack file's config block."""
-    cfg = stack_config(stack) if config is None else config
-    values, secret_keys = engine_config(cfg, {**offline_secrets(cfg), **(secrets or {})})
+    """Run `program` for `stack` under mocks. `config` replaces the stack file's config block.
 
-    run = ProgramRun(stack=stack, resources=[], outputs={}, raw_outputs={}, secret_outputs=[])
+    `placeholder_secrets` supplies offline placeholders for secrets kept out of the stack file.
+    """
+    cfg = stack_config(stack) if config is None else config
+    placeholders = offline_secrets(cfg) if placeholder_secrets else {}
+    values, secret_keys = engine_config(cfg, {**placeholders, **(secrets or {})})
+
+    run = ProgramRun(
+        stack=stack, resources=[], outputs={}, raw_outputs={}, secret_outputs=[], config=values, secret_keys=secret_keys
+    )
     mocks = _Mocks()
     pulumi.runtime.set_mocks(
         mocks, project=PROJECT, stack=stack, preview=False, monitor=_RecordingMonitor(mocks, run)
@@ -278,12 +288,11 @@ def run_program(
     return run
 
 
-def cached_runs() -> Callable[[str], ProgramRun]:
-    cache: dict[str, ProgramRun] = {}
+def parsed_config(run: ProgramRun):
+    """The validated `StackConfig` the program ran with (parsed the same way `__main__.py` does)."""
+    from components.config_loader import _decode, parse_stack_config
 
-    def get(stack: str) -> ProgramRun:
-        if stack not in cache:
-            cache[stack] = run_program(stack)
-        return cache[stack]
-
-    return get
+    prefix = f"{PROJECT}:"
+    raw = {k[len(prefix):]: _decode(v) for k, v in run.config.items() if k.startswith(prefix)}
+    secrets = {k[len(prefix):] for k in run.secret_keys if k.startswith(prefix)}
+    return parse_stack_config(raw, run.stack, secrets)
