@@ -123,12 +123,19 @@ def write_render(run: ProgramRun, out_dir: Path) -> list[Path]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tools.render", description=__doc__.splitlines()[0])
-    ap.add_argument("stack", choices=available_stacks(), help="the stack whose Pulumi.<stack>.yaml to render")
+    ap.add_argument("stack", help=f"the stack to render ({', '.join(available_stacks())})")
     ap.add_argument("--out", type=Path, default=None, help="output directory (default: out/<stack>)")
+    ap.add_argument(
+        "--stack-file", type=Path, default=None,
+        help="render this stack file instead of Pulumi.<stack>.yaml (e.g. a proposed change)",
+    )
     ns = ap.parse_args(argv)
+    if ns.stack_file is None and ns.stack not in available_stacks():
+        ap.error(f"no Pulumi.{ns.stack}.yaml; stacks: {', '.join(available_stacks())}")
+    config = None if ns.stack_file is None else (yaml.safe_load(ns.stack_file.read_text()) or {}).get("config", {})
     out_dir = ns.out or ROOT / "out" / ns.stack
     try:
-        run = run_program(ns.stack)
+        run = run_program(ns.stack, config=config)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
