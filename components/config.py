@@ -49,7 +49,7 @@ K8S_VERSIONS = ("1.33", "1.34", "1.35", "1.36")
 
 
 class Base(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
 
 def _allowed(values) -> str:
@@ -104,7 +104,7 @@ class AwsGpuPool(GpuPoolBase):
     disruption_budget_nodes: Annotated[str, StringConstraints(pattern=r"^([0-9]+%?)$")] = "10%"
     expire_after: Duration = "720h"
 
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, use_attribute_docstrings=True)
 
     @field_validator("instance_families")
     @classmethod
@@ -263,6 +263,9 @@ class CiliumConfig(Base):
 class KarpenterConfig(Base):
     interruption_queue: bool = True
     replicas: int = Field(2, ge=1, le=5)
+    ami_alias: Annotated[str, StringConstraints(pattern=r"^al2023@(v[0-9]{8}|latest)$")] = "al2023@v20260512"
+    """EC2NodeClass `amiSelectorTerms[].alias`: an AL2023 EKS AMI release (GPU types get the NVIDIA
+    variant). `al2023@latest` follows AWS's recommended AMI and is refused in prod."""
 
 
 class AwsCluster(Base):
@@ -285,6 +288,21 @@ class AwsCluster(Base):
 
     def cidrs(self) -> dict[str, Cidr]:
         return {"network.vpc_cidr": self.network.vpc_cidr}
+
+    @model_validator(mode="after")
+    def _aws_rules(self):
+        if self.cilium.enabled and not self.endpoint.private_access:
+            raise ValueError(
+                "endpoint.private_access: Cilium's kube-proxy replacement reaches the API server from "
+                "the nodes through the private endpoint; allowed: true (or cilium.enabled: false)"
+            )
+        if self.network.vpc_cidr.prefixlen > 20:
+            raise ValueError(
+                f"network.vpc_cidr: {self.network.vpc_cidr} is too small for a private and a public "
+                f"subnet in each of up to 6 AZs (ENI IPAM gives every pod a VPC address); allowed: "
+                f"a /20 or larger"
+            )
+        return self
 
 
 class GcpNetwork(Base):
@@ -406,29 +424,37 @@ Port = Annotated[int, Field(ge=1024, le=65535)]
 
 class SockmapConfig(Base):
     enabled: bool = True
+    """Redirect same-node TCP between the configured ports through sockmap."""
     ports: list[Port] = Field(default_factory=list)
     """Extra ports to accelerate; every served model's port is always included."""
 
 
 class CudaUprobesConfig(Base):
     enabled: bool = True
+    """Histogram CUDA launch/alloc/copy/sync enqueue times with uprobes."""
     library_paths: list[str] = Field(default_factory=list)
     """Absolute host paths to libcudart/libcuda; empty = discovered per process from /proc/<pid>/maps."""
 
 
 class TcpBackpressureConfig(Base):
     enabled: bool = True
+    """Count sends that find the socket's send queue near `sk_sndbuf`."""
 
 
 class EbpfAgentConfig(Base):
     enabled: bool = True
+    """Deploy the eBPF agent DaemonSet on every GPU node."""
     image: str = "ghcr.io/gpuinfra/ebpf-agent:0.1.0"
+    """The agent image built from bpf/Dockerfile; pinned tag or digest."""
     metrics_port: Port = 9435
+    """Port of the agent's Prometheus `/metrics` endpoint."""
     sockmap: SockmapConfig = SockmapConfig()
     cuda_uprobes: CudaUprobesConfig = CudaUprobesConfig()
     tcp_backpressure: TcpBackpressureConfig = TcpBackpressureConfig()
     cpu_millicores: int = Field(200, ge=50, le=4000)
+    """CPU request and limit of the agent container."""
     memory_mib: int = Field(256, ge=64, le=8192)
+    """Memory request and limit of the agent container."""
     priority_class: str = "system-node-critical"
 
     @field_validator("image")
@@ -459,7 +485,9 @@ class ObservabilityConfig(Base):
 
 class Namespaces(Base):
     serving: Name = "llm-serving"
+    """Namespace of the vLLM serving stacks."""
     system: Name = "gpuinfra-system"
+    """Namespace of the eBPF agent and platform add-ons."""
 
 
 Quantization = Literal["fp8", "awq", "awq_marlin", "gptq", "gptq_marlin", "compressed-tensors", "bitsandbytes"]
@@ -630,10 +658,14 @@ class ModelConfig(Base):
 
 class StackConfig(Base):
     environment: Environment
+    """`prod` turns on the stricter rules (on-demand fallback for every spot pool, policy gates)."""
     tags: dict[str, str] = Field(default_factory=dict)
+    """Cloud tags/labels applied to every cloud resource."""
     namespaces: Namespaces = Namespaces()
     clusters: list[Cluster] = Field(min_length=1)
+    """The clusters to build or adopt; see the per-cloud tables."""
     models: list[ModelConfig] = Field(default_factory=list)
+    """The models to serve, each with one or more placements (cluster + GPU pool)."""
     ebpf_agent: EbpfAgentConfig = EbpfAgentConfig()
     observability: ObservabilityConfig = ObservabilityConfig()
 
@@ -660,6 +692,7 @@ class StackConfig(Base):
         errors += _cidr_overlaps(self)
         errors += _prod_fallback(self)
         errors += _interruption_queue(self)
+        errors += _aws_ami_pinned(self)
         if not errors:
             errors += _placements(self)
         if errors:
@@ -724,6 +757,17 @@ def _interruption_queue(s: StackConfig) -> list[str]:
     ]
 
 
+def _aws_ami_pinned(s: StackConfig) -> list[str]:
+    if s.environment != "prod":
+        return []
+    return [
+        f"clusters[{i}].karpenter.ami_alias: '{c.karpenter.ami_alias}' follows whatever AMI AWS "
+        f"recommends today; allowed in prod: a pinned release such as al2023@v20260512"
+        for i, c in enumerate(s.clusters)
+        if isinstance(c, AwsCluster) and c.karpenter.ami_alias.endswith("@latest")
+    ]
+
+
 def reserved_cpus_for(vcpus: int) -> int:
     """CPUs kept back for the system and kubelet on a node with `vcpus` (static CPU manager)."""
     if vcpus <= 8:
@@ -731,6 +775,12 @@ def reserved_cpus_for(vcpus: int) -> int:
     if vcpus <= 64:
         return 2
     return 4
+
+
+def pool_reserved_cpus(pool: AnyPool) -> int:
+    """CPUs reserved on every node of `pool`: one kubelet config serves all of its instance types
+    (one EC2NodeClass per pool), so the largest type's reservation applies to all of them."""
+    return max(reserved_cpus_for(t.vcpus) for t in pool.instance_types)
 
 
 def _placements(s: StackConfig) -> list[str]:
@@ -809,7 +859,7 @@ def _fit(key: str, m: ModelConfig, pool: AnyPool, pool_key: str, policy: str) ->
                 f"({t.gpu.architecture}) lacks ({where}); allowed GPUs: "
                 f"{_allowed(g.model for g in load_catalog().gpus.values() if g.fp8)}"
             )
-        reserved = reserved_cpus_for(t.vcpus)
+        reserved = pool_reserved_cpus(pool)
         if m.resources.cpu > t.vcpus - reserved:
             errs.append(
                 f"{key}.resources.cpu: {m.resources.cpu} CPUs exceed the {t.vcpus - reserved} "
