@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -49,12 +49,29 @@ class InstanceType:
 
 
 @dataclass(frozen=True)
+class Price:
+    """USD per instance-hour in one region (see `prices:` in gpu_catalog.yaml)."""
+
+    on_demand: float
+    spot: float | None
+    """A typical spot price; None when none is known."""
+    source: str
+    """A key of `price_sources`; `estimate` marks unverified prices."""
+
+
+@dataclass(frozen=True)
 class Catalog:
     version: str
     gpus: dict[str, Gpu]
     aws: dict[str, InstanceType]
     gcp: dict[str, InstanceType]
     gcp_accelerator_regions: dict[str, tuple[str, ...]]
+    prices: dict[str, dict[str, dict[str, Price]]] = field(default_factory=dict)
+    """cloud -> region -> instance type -> Price."""
+    price_sources: dict[str, dict[str, str]] = field(default_factory=dict)
+
+    def price(self, cloud: str, region: str, name: str) -> Price | None:
+        return self.prices.get(cloud, {}).get(region, {}).get(name)
 
     def instance(self, cloud: Cloud, name: str) -> InstanceType:
         return (self.aws if cloud == "aws" else self.gcp)[name]
@@ -83,10 +100,33 @@ def load_catalog(path: Path = CATALOG_PATH) -> Catalog:
             out[name] = InstanceType(cloud=cloud, name=name, gpu=gpu, family=family, **spec)
         return out
 
+    aws, gcp = instances("aws"), instances("gcp")
+    sources = {k: {f: str(v) for f, v in spec.items()} for k, spec in (raw.get("price_sources") or {}).items()}
     return Catalog(
         version=str(raw["catalog_version"]),
         gpus=gpus,
-        aws=instances("aws"),
-        gcp=instances("gcp"),
+        aws=aws,
+        gcp=gcp,
         gcp_accelerator_regions={k: tuple(v) for k, v in raw["gcp_accelerator_regions"].items()},
+        prices=_prices(raw.get("prices") or {}, {"aws": aws, "gcp": gcp}, sources),
+        price_sources=sources,
     )
+
+
+def _prices(raw: dict, types: dict[str, dict[str, InstanceType]], sources: dict) -> dict:
+    """Typed price table; a price for an unknown type, spot above on-demand or an unknown source is a catalog bug."""
+    out: dict[str, dict[str, dict[str, Price]]] = {}
+    for cloud, regions in raw.items():
+        for region, entries in regions.items():
+            for name, spec in entries.items():
+                where = f"prices.{cloud}.{region}.{name}"
+                if name not in types.get(cloud, {}):
+                    raise ValueError(f"{where}: not an instance type in the catalog")
+                spot = None if spec.get("spot") is None else float(spec["spot"])
+                price = Price(on_demand=float(spec["on_demand"]), spot=spot, source=spec["source"])
+                if price.source not in sources:
+                    raise ValueError(f"{where}: unknown source {price.source!r}; allowed: {sorted(sources)}")
+                if not (price.on_demand > 0 and (price.spot is None or 0 < price.spot <= price.on_demand)):
+                    raise ValueError(f"{where}: need on_demand > 0 and 0 < spot <= on_demand")
+                out.setdefault(cloud, {}).setdefault(region, {})[name] = price
+    return out
