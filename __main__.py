@@ -7,10 +7,14 @@ on it, export the stack-output contract. `pulumi up` and the offline render run 
 import pulumi
 
 from components.config_loader import load_stack_config
+from components.contract import contract_outputs
+from components.cost import cost_output, estimate_stack_cost
 from components.platform import build_platform
 
 loaded = load_stack_config()
 layers = build_platform(loaded)
 
-pulumi.export("environment", loaded.stack.environment)
-pulumi.export("clusters", {name: {"cloud": l.handle.cloud, "region": l.handle.region} for name, l in layers.items()})
+# The versioned output contract (docs/contract.md) and the GPU cost estimate (docs/cost.md).
+for key, value in contract_outputs(loaded.stack, layers).items():
+    pulumi.export(key, value)
+pulumi.export("estimated_cost", cost_output(estimate_stack_cost(loaded.stack)))

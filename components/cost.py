@@ -1,0 +1,232 @@
+"""Per-stack GPU cost estimate: pure arithmetic over the config and the catalog's prices.
+
+For every GPU pool: the hourly and monthly (730 h) cost at the pool's min and max size, as planned
+(spot pools on spot, on-demand pools on-demand) and all on-demand, and the saving of the plan over
+all on-demand. Prices are per instance-hour from `components/data/gpu_catalog.yaml` (`prices:`);
+spot prices are typical values, so this is an estimate, not a bill. Only the GPU nodes are priced
+(no control plane, system nodes, disks, NAT or egress).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable, Optional
+
+from components.catalog import Catalog, InstanceType, Price, load_catalog
+from components.config import ExistingGpuPool, StackConfig
+
+HOURS_PER_MONTH = 730
+"""The billing month cloud price pages use (365 * 24 / 12 = 730)."""
+CURRENCY = "USD"
+
+
+# ----------------------------------------------------------------------------------------------
+# Arithmetic
+# ----------------------------------------------------------------------------------------------
+
+
+def fleet_hourly(node_hourly: float, nodes: int) -> float:
+    """What `nodes` instances at `node_hourly` cost per hour."""
+    if nodes < 0 or node_hourly < 0:
+        raise ValueError("nodes and node_hourly must be >= 0")
+    return node_hourly * nodes
+
+
+def monthly(hourly: float) -> float:
+    return hourly * HOURS_PER_MONTH
+
+
+def savings_fraction(planned: float, on_demand: float) -> float:
+    """The share of the all-on-demand cost the plan saves (0 when nothing runs)."""
+    if on_demand <= 0:
+        return 0.0
+    return max(0.0, 1.0 - planned / on_demand)
+
+
+def node_price(price: Price, capacity: str) -> float:
+    """The hourly price of one node of `capacity`; a spot pool without a spot price costs on-demand."""
+    if capacity == "spot" and price.spot is not None:
+        return price.spot
+    return price.on_demand
+
+
+def cheapest(
+    types: Iterable[InstanceType], prices: dict[str, Price], capacity: str
+) -> Optional[tuple[InstanceType, Price]]:
+    """The priced type Karpenter / the node pool would launch first: the lowest price for `capacity`."""
+    priced = [(t, prices[t.name]) for t in types if t.name in prices]
+    if not priced:
+        return None
+    return min(priced, key=lambda tp: (node_price(tp[1], capacity), tp[0].name))
+
+
+# ----------------------------------------------------------------------------------------------
+# Per pool and per stack
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PoolCost:
+    cluster: str
+    pool: str
+    cloud: str
+    region: str
+    capacity: str
+    min_nodes: int
+    max_nodes: int
+    instance_type: Optional[str] = None
+    gpus_per_node: int = 0
+    on_demand_node_hourly: Optional[float] = None
+    planned_node_hourly: Optional[float] = None
+    price_source: Optional[str] = None
+    note: str = ""
+
+    @property
+    def priced(self) -> bool:
+        return self.on_demand_node_hourly is not None and self.planned_node_hourly is not None
+
+    def hourly(self, nodes: int, all_on_demand: bool = False) -> float:
+        if not self.priced:
+            return 0.0
+        price = self.on_demand_node_hourly if all_on_demand else self.planned_node_hourly
+        return fleet_hourly(price, nodes)
+
+    @property
+    def savings(self) -> float:
+        if not self.priced:
+            return 0.0
+        return savings_fraction(self.planned_node_hourly, self.on_demand_node_hourly)
+
+
+def pool_cost(cluster: Any, pool: Any, catalog: Catalog) -> PoolCost:
+    """Price one pool of `cluster` (a config model) from the catalog."""
+    base = dict(cluster=cluster.name, pool=pool.name, cloud=cluster.cloud, region=cluster.region, capacity=pool.capacity)
+    if isinstance(pool, ExistingGpuPool):
+        return PoolCost(**base, min_nodes=0, max_nodes=0, note="existing cluster: nodes are not managed or priced here")
+    prices = catalog.prices.get(cluster.cloud, {}).get(cluster.region, {})
+    pick = cheapest(pool.instance_types, prices, pool.capacity)
+    sizes = dict(min_nodes=pool.min_nodes, max_nodes=pool.max_nodes)
+    if pick is None:
+        types = ", ".join(t.name for t in pool.instance_types)
+        return PoolCost(**base, **sizes, note=f"no catalog price for {types} in {cluster.region}")
+    itype, price = pick
+    note = "no spot price known: priced on-demand" if pool.capacity == "spot" and price.spot is None else ""
+    return PoolCost(
+        **base,
+        **sizes,
+        instance_type=itype.name,
+        gpus_per_node=itype.gpu_count,
+        on_demand_node_hourly=price.on_demand,
+        planned_node_hourly=node_price(price, pool.capacity),
+        price_source=price.source,
+        note=note,
+    )
+
+
+@dataclass(frozen=True)
+class CostEstimate:
+    pools: tuple[PoolCost, ...]
+
+    def total_hourly(self, size: str, all_on_demand: bool = False) -> float:
+        return sum(p.hourly(p.min_nodes if size == "min" else p.max_nodes, all_on_demand) for p in self.pools)
+
+    @property
+    def savings(self) -> float:
+        return savings_fraction(self.total_hourly("max"), self.total_hourly("max", all_on_demand=True))
+
+    @property
+    def sources(self) -> list[str]:
+        return sorted({p.price_source for p in self.pools if p.price_source})
+
+
+def estimate_stack_cost(cfg: StackConfig, catalog: Optional[Catalog] = None) -> CostEstimate:
+    cat = catalog or load_catalog()
+    return CostEstimate(pools=tuple(pool_cost(c, p, cat) for c in cfg.clusters for p in c.gpu_pools))
+
+
+# ----------------------------------------------------------------------------------------------
+# Renderings: the `estimated_cost` stack output and the offline render's table
+# ----------------------------------------------------------------------------------------------
+
+
+def _money(x: float) -> float:
+    return round(x, 4)
+
+
+def _span(p_or_e: Any, size: str) -> dict[str, float]:
+    if isinstance(p_or_e, PoolCost):
+        nodes = p_or_e.min_nodes if size == "min" else p_or_e.max_nodes
+        planned, od = p_or_e.hourly(nodes), p_or_e.hourly(nodes, all_on_demand=True)
+    else:
+        planned, od = p_or_e.total_hourly(size), p_or_e.total_hourly(size, all_on_demand=True)
+    return {
+        "hourly": _money(planned),
+        "monthly": _money(monthly(planned)),
+        "hourly_all_on_demand": _money(od),
+        "monthly_all_on_demand": _money(monthly(od)),
+    }
+
+
+def cost_output(est: CostEstimate, catalog: Optional[Catalog] = None) -> dict[str, Any]:
+    """The `estimated_cost` stack output (plain JSON; informational, not part of the contract)."""
+    cat = catalog or load_catalog()
+    pools = []
+    for p in est.pools:
+        row: dict[str, Any] = {
+            "cluster": p.cluster,
+            "pool": p.pool,
+            "cloud": p.cloud,
+            "region": p.region,
+            "capacity": p.capacity,
+            "priced": p.priced,
+            "min_nodes": p.min_nodes,
+            "max_nodes": p.max_nodes,
+        }
+        if p.priced:
+            row.update(
+                instance_type=p.instance_type,
+                gpus_per_node=p.gpus_per_node,
+                node_hourly=_money(p.planned_node_hourly),
+                node_hourly_on_demand=_money(p.on_demand_node_hourly),
+                price_source=p.price_source,
+                at_min=_span(p, "min"),
+                at_max=_span(p, "max"),
+                savings_pct=round(100 * p.savings, 1),
+            )
+        if p.note:
+            row["note"] = p.note
+        pools.append(row)
+    return {
+        "currency": CURRENCY,
+        "hours_per_month": HOURS_PER_MONTH,
+        "scope": "GPU nodes only; spot at typical prices",
+        "pools": pools,
+        "total": {"at_min": _span(est, "min"), "at_max": _span(est, "max"), "savings_pct": round(100 * est.savings, 1)},
+        "price_sources": {s: cat.price_sources.get(s, {}) for s in est.sources},
+    }
+
+
+def cost_table_lines(est: CostEstimate) -> list[str]:
+    """The cost table the offline render prints."""
+    head = f"  {'cluster':<14} {'pool':<12} {'capacity':<9} {'instance':<14} {'nodes':>6} {'$/h node':>9} {'$/h min':>9} {'$/h max':>9} {'$/mo max':>11} {'$/mo max OD':>12} {'saving':>7}"
+    lines = ["", f"  GPU cost estimate ({CURRENCY}, {HOURS_PER_MONTH} h/month, GPU nodes only)", head]
+    for p in est.pools:
+        nodes = f"{p.min_nodes}-{p.max_nodes}"
+        if not p.priced:
+            lines.append(f"  {p.cluster:<14} {p.pool:<12} {p.capacity:<9} {'-':<14} {nodes:>6}  not priced: {p.note}")
+            continue
+        tag = " *" if p.price_source == "estimate" else ""
+        lines.append(
+            f"  {p.cluster:<14} {p.pool:<12} {p.capacity:<9} {p.instance_type:<14} {nodes:>6} "
+            f"{p.planned_node_hourly:>9.3f} {p.hourly(p.min_nodes):>9.2f} {p.hourly(p.max_nodes):>9.2f} "
+            f"{monthly(p.hourly(p.max_nodes)):>11,.0f} {monthly(p.hourly(p.max_nodes, True)):>12,.0f} "
+            f"{100 * p.savings:>6.0f}%{tag}"
+        )
+    lines.append(
+        f"  {'total':<14} {'':<12} {'':<9} {'':<14} {'':>6} {'':>9} {est.total_hourly('min'):>9.2f} "
+        f"{est.total_hourly('max'):>9.2f} {monthly(est.total_hourly('max')):>11,.0f} "
+        f"{monthly(est.total_hourly('max', True)):>12,.0f} {100 * est.savings:>6.0f}%"
+    )
+    if any(p.price_source == "estimate" for p in est.pools):
+        lines.append("  * unverified price (source: estimate in gpu_catalog.yaml)")
+    return lines

@@ -1,0 +1,165 @@
+"""The stack-output contract of gpu-inference-platform, defined once as typed models.
+
+The platform builds its stack outputs from these models (components/contract.py) and consumers
+parse them back with `PlatformOutputs.parse` or `PlatformOutputs.from_stack_reference`. Only
+pydantic is needed here, so other teams can import this package without the platform's code.
+
+Versioning (semver, `contract_version`): a MAJOR bump removes or changes a key; a MINOR bump only
+adds keys (optional ones, so older producers still parse); a PATCH bump changes no key. A helper
+accepts outputs of its own major version; keys it does not know (a newer minor) are ignored.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal, Mapping, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+
+CONTRACT_VERSION = "1.0.0"
+_SEMVER = re.compile(r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)(?:-[0-9A-Za-z.-]+)?(?:\+[0-9A-Za-z.-]+)?$")
+
+
+class ContractError(ValueError):
+    """Stack outputs that do not satisfy this version of the contract."""
+
+
+class _Model(BaseModel):
+    # extra="ignore": a newer MINOR version may add keys this helper does not know yet.
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class GpuPool(_Model):
+    name: str = Field(description="Pool name from the stack config.")
+    capacity: Literal["spot", "on-demand"] = Field(description="Capacity type the pool runs on.")
+    on_demand_fallback: bool = Field(description="Whether spot shortfalls fall back to on-demand nodes.")
+    gpu_model: str = Field(description="GPU model, e.g. `L4`, `H100-80GB`.")
+    gpus_per_node: int = Field(description="GPUs per node (the smallest among the pool's types).")
+    node_selector: dict[str, str] = Field(description="Node labels that select the pool's nodes.")
+    native_names: list[str] = Field(default_factory=list, description="Karpenter NodePools / GKE node pools behind the pool.")
+
+
+class Cluster(_Model):
+    cloud: Literal["aws", "gcp", "existing"] = Field(description="Where the cluster runs.")
+    region: str = Field(description="Cloud region (`unknown` for an existing cluster without one).")
+    name: str = Field(description="The cluster's name in its cloud (EKS / GKE cluster name).")
+    endpoint: str = Field(description="Kubernetes API server endpoint.")
+    oidc_issuer: str = Field(description="OIDC issuer URL for workload identity (IRSA / GKE WI); empty if none.")
+    gpu_pools: dict[str, GpuPool] = Field(description="GPU pools by name.")
+    spot_notice_s: int = Field(description="Seconds between a spot notice and node loss (0: not spot-capable).")
+    interruption_queue_arn: Optional[str] = Field(None, description="SQS queue Karpenter reads spot interruptions from (AWS only).")
+    ebpf_agent_metrics_port: Optional[int] = Field(None, description="Port of the eBPF agent's /metrics on GPU nodes; null if the agent is off.")
+
+
+class ModelEndpoint(_Model):
+    cluster: str = Field(description="Cluster this replica set runs on.")
+    pool: str = Field(description="GPU pool the replicas run on.")
+    service_url: str = Field(description="In-cluster URL of the model's Service, e.g. `http://<svc>.<ns>.svc.cluster.local:8000`.")
+    openai_base_path: str = Field(description="Path of the OpenAI-compatible API under service_url, e.g. `/v1`.")
+    metrics_url: str = Field(description="Prometheus metrics URL of the vLLM server.")
+
+    @property
+    def openai_base_url(self) -> str:
+        """What an OpenAI client takes as `base_url`."""
+        return self.service_url.rstrip("/") + "/" + self.openai_base_path.strip("/")
+
+
+class ServedModel(_Model):
+    served_model_name: str = Field(description="The `model` value clients send in requests.")
+    tier: Literal["primary", "economy"] = Field(description="Serving tier.")
+    endpoints: dict[str, ModelEndpoint] = Field(description="Where the model is served, by cluster name.")
+
+
+class PlatformOutputs(_Model):
+    """Every stack output the platform promises, as one typed document."""
+
+    contract_version: str = Field(description="Semver of this contract.")
+    environment: str = Field(description="`dev`, `staging` or `prod`.")
+    clusters: dict[str, Cluster] = Field(description="Clusters by config name.")
+    models: dict[str, ServedModel] = Field(description="Served models by config name.")
+    kubeconfigs: dict[str, SecretStr] = Field(
+        default_factory=dict,
+        description="Admin kubeconfig per cluster. **Secret**: a separate output so the rest stays plain.",
+        json_schema_extra={"secret": True},
+    )
+
+    # --- lookups ---------------------------------------------------------------------------
+    def model(self, name: str) -> ServedModel:
+        if name not in self.models:
+            raise ContractError(f"model {name!r} is not served by this stack; served: {sorted(self.models)}")
+        return self.models[name]
+
+    def endpoint(self, model: str, cluster: Optional[str] = None) -> ModelEndpoint:
+        """The endpoint of `model` on `cluster` (or its only cluster)."""
+        eps = self.model(model).endpoints
+        if cluster is None:
+            if len(eps) != 1:
+                raise ContractError(f"model {model!r} runs on {sorted(eps)}; pass cluster=")
+            return next(iter(eps.values()))
+        if cluster not in eps:
+            raise ContractError(f"model {model!r} is not served on cluster {cluster!r}; clusters: {sorted(eps)}")
+        return eps[cluster]
+
+    def kubeconfig(self, cluster: str) -> str:
+        if cluster not in self.kubeconfigs:
+            raise ContractError(f"no kubeconfig for cluster {cluster!r}; have: {sorted(self.kubeconfigs)}")
+        return self.kubeconfigs[cluster].get_secret_value()
+
+    # --- parsing ---------------------------------------------------------------------------
+    @classmethod
+    def parse(cls, outputs: Mapping[str, Any], source: str = "stack outputs") -> "PlatformOutputs":
+        """Validate plain stack outputs (a dict) against this contract version."""
+        check_compatible(outputs.get("contract_version"), source)
+        try:
+            return cls.model_validate(dict(outputs))
+        except ValidationError as err:
+            raise ContractError(_describe(err, source)) from None
+
+    @classmethod
+    def from_stack_reference(cls, stack: Any, **kwargs: Any):
+        """A `PlatformReference` to another stack: typed outputs as a Pulumi Output (see stack.py)."""
+        from gpuinfra_contract.stack import PlatformReference
+
+        return PlatformReference(stack, **kwargs)
+
+
+PLAIN_OUTPUTS: tuple[str, ...] = tuple(
+    k for k, f in PlatformOutputs.model_fields.items() if not (f.json_schema_extra or {}).get("secret")
+)
+"""Top-level stack outputs that are plain values."""
+SECRET_OUTPUTS: tuple[str, ...] = tuple(k for k in PlatformOutputs.model_fields if k not in PLAIN_OUTPUTS)
+"""Top-level stack outputs that are Pulumi secrets."""
+
+
+def parse_version(version: Any) -> tuple[int, int, int]:
+    m = _SEMVER.match(version) if isinstance(version, str) else None
+    if m is None:
+        raise ContractError(f"contract_version {version!r} is not a semantic version (MAJOR.MINOR.PATCH)")
+    return int(m[1]), int(m[2]), int(m[3])
+
+
+def check_compatible(version: Any, source: str = "stack outputs", supported: str = CONTRACT_VERSION) -> None:
+    """Raise ContractError unless `version` has this helper's major version."""
+    if version is None:
+        raise ContractError(
+            f"{source}: missing key 'contract_version': not a gpu-inference-platform stack, or one "
+            f"deployed before the output contract existed (this helper reads {supported})"
+        )
+    have, want = parse_version(version), parse_version(supported)
+    if have[0] != want[0]:
+        hint = "upgrade gpuinfra-contract" if have[0] > want[0] else "redeploy the platform stack or pin an older gpuinfra-contract"
+        raise ContractError(
+            f"{source}: contract_version {version} is incompatible with this helper ({supported}): "
+            f"major version {have[0]} != {want[0]}; {hint} to a {have[0]}.x release"
+        )
+
+
+def _describe(err: ValidationError, source: str) -> str:
+    lines = []
+    for e in err.errors(include_url=False):
+        path = ".".join(str(p) for p in e["loc"])
+        if e["type"] == "missing":
+            lines.append(f"  - missing key '{path}'")
+        else:
+            lines.append(f"  - '{path}': {e['msg']}")
+    return f"{source} do not match contract {CONTRACT_VERSION}:\n" + "\n".join(lines)
