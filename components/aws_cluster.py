@@ -1,15 +1,43 @@
-"""AwsGpuCluster: VPC, EKS (pulumi-eks), Karpenter, NUMA kubelet, Cilium. (Filled in by issue 8.)"""
+"""AwsGpuCluster: VPC, EKS (pulumi-eks), Cilium, CoreDNS, Karpenter with NUMA-aligned GPU nodes, and
+the NVIDIA device plugin.
+
+Order on a fresh cluster: VPC -> EKS (no aws-node/kube-proxy/CoreDNS when Cilium is on) -> system
+node group (tainted until Cilium is ready) -> Cilium -> CoreDNS add-on -> Karpenter -> GPU
+NodePools -> device plugin.
+"""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Optional
 
 import pulumi
+import pulumi_aws as aws
+import pulumi_eks as eks
 import pulumi_kubernetes as k8s
 
-from components.cluster import ClusterHandle, pool_info
+from components.aws_eks import (
+    SYSTEM_NODE_LABEL,
+    coredns_configuration,
+    eks_cluster_settings,
+    endpoint_from_kubeconfig,
+    system_node_taints,
+)
+from components.aws_network import nat_gateway_count, subnet_layout
+from components.cilium import Cilium, CiliumArgs
+from components.cluster import GPU_TOLERATION, POOL_LABEL, ClusterHandle, pool_info
 from components.config import AwsCluster, Environment
+from components.karpenter import Karpenter, KarpenterArgs
+from components.karpenter_specs import (
+    DEVICE_PLUGIN_CHART,
+    DEVICE_PLUGIN_REPO,
+    DEVICE_PLUGIN_VERSION,
+    DISCOVERY_TAG,
+    assume_role_ec2,
+    device_plugin_values,
+    node_role_policies,
+)
 
 
 @dataclass(frozen=True)
@@ -21,22 +49,240 @@ class AwsGpuClusterArgs:
 
 class AwsGpuCluster(pulumi.ComponentResource):
     handle: ClusterHandle
+    cluster: eks.Cluster
+    karpenter: Karpenter
+    cilium: Optional[Cilium]
 
     def __init__(self, name: str, args: AwsGpuClusterArgs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("gpuinfra:aws:AwsGpuCluster", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         c = args.config
-        provider = k8s.Provider(f"{name}-k8s", kubeconfig="{}", opts=child)
+        tags = {**args.tags, "gpuinfra.io/cluster": c.name, "gpuinfra.io/environment": args.environment}
+
+        # This component owns the cluster, so it owns the providers that reach it.
+        aws_provider = aws.Provider(f"{name}-aws", region=c.region, default_tags={"tags": tags}, opts=child)
+        on_aws = pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(provider=aws_provider))
+
+        # --- network ------------------------------------------------------------------------
+        azs = aws.get_availability_zones_output(
+            state="available", opts=pulumi.InvokeOutputOptions(provider=aws_provider)
+        )
+        vpc = aws.ec2.Vpc(
+            f"{name}-vpc",
+            cidr_block=str(c.network.vpc_cidr),
+            enable_dns_hostnames=True,
+            enable_dns_support=True,
+            tags={"Name": f"{c.name}-vpc"},
+            opts=on_aws,
+        )
+        igw = aws.ec2.InternetGateway(f"{name}-igw", vpc_id=vpc.id, opts=on_aws)
+        public_rt = aws.ec2.RouteTable(
+            f"{name}-public",
+            vpc_id=vpc.id,
+            routes=[aws.ec2.RouteTableRouteArgs(cidr_block="0.0.0.0/0", gateway_id=igw.id)],
+            opts=on_aws,
+        )
+        private_ids, public_ids, nats = [], [], []
+        for plan in subnet_layout(c.network.vpc_cidr, c.network.availability_zones):
+            az = azs.names.apply(lambda names, i=plan.az_index: names[i])
+            public = aws.ec2.Subnet(
+                f"{name}-public-{plan.az_index}",
+                vpc_id=vpc.id,
+                cidr_block=str(plan.public),
+                availability_zone=az,
+                tags={"Name": f"{c.name}-public-{plan.az_index}", "kubernetes.io/role/elb": "1"},
+                opts=on_aws,
+            )
+            aws.ec2.RouteTableAssociation(
+                f"{name}-public-{plan.az_index}", subnet_id=public.id, route_table_id=public_rt.id, opts=on_aws
+            )
+            public_ids.append(public.id)
+            if plan.az_index < nat_gateway_count(c.network.availability_zones, c.network.single_nat_gateway):
+                eip = aws.ec2.Eip(f"{name}-nat-{plan.az_index}", domain="vpc", opts=on_aws)
+                nats.append(
+                    aws.ec2.NatGateway(
+                        f"{name}-nat-{plan.az_index}",
+                        allocation_id=eip.id,
+                        subnet_id=public.id,
+                        opts=pulumi.ResourceOptions.merge(on_aws, pulumi.ResourceOptions(depends_on=[igw])),
+                    )
+                )
+            private = aws.ec2.Subnet(
+                f"{name}-private-{plan.az_index}",
+                vpc_id=vpc.id,
+                cidr_block=str(plan.private),
+                availability_zone=az,
+                tags={
+                    "Name": f"{c.name}-private-{plan.az_index}",
+                    "kubernetes.io/role/internal-elb": "1",
+                    DISCOVERY_TAG: c.name,
+                },
+                opts=on_aws,
+            )
+            private_rt = aws.ec2.RouteTable(
+                f"{name}-private-{plan.az_index}",
+                vpc_id=vpc.id,
+                routes=[
+                    aws.ec2.RouteTableRouteArgs(
+                        cidr_block="0.0.0.0/0", nat_gateway_id=nats[min(plan.az_index, len(nats) - 1)].id
+                    )
+                ],
+                opts=on_aws,
+            )
+            aws.ec2.RouteTableAssociation(
+                f"{name}-private-{plan.az_index}", subnet_id=private.id, route_table_id=private_rt.id, opts=on_aws
+            )
+            private_ids.append(private.id)
+
+        # --- EKS ----------------------------------------------------------------------------
+        kms_key = None
+        if c.secrets_encryption:
+            kms_key = aws.kms.Key(
+                f"{name}-secrets",
+                description=f"EKS secrets envelope encryption for {c.name}",
+                enable_key_rotation=True,
+                opts=on_aws,
+            )
+        self.cluster = eks.Cluster(
+            f"{name}-eks",
+            vpc_id=vpc.id,
+            private_subnet_ids=private_ids,
+            public_subnet_ids=public_ids,
+            encryption_config_key_arn=kms_key.arn if kms_key else None,
+            tags=tags,
+            **eks_cluster_settings(c),
+            opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(providers={"aws": aws_provider})),
+        )
+        # The name we gave EKS, as an Output of the cluster so that users wait for it to exist.
+        cluster_name = self.cluster.cluster_security_group_id.apply(lambda _: c.name)
+        endpoint = pulumi.Output.unsecret(self.cluster.kubeconfig_json).apply(endpoint_from_kubeconfig)
+        kubeconfig = pulumi.Output.secret(self.cluster.kubeconfig_json)
+        # Karpenter nodes join through the EKS cluster security group, which the system nodes and
+        # the control plane already share; tag it for Karpenter's selector.
+        aws.ec2.Tag(
+            f"{name}-cluster-sg-discovery",
+            resource_id=self.cluster.cluster_security_group_id,
+            key=DISCOVERY_TAG,
+            value=c.name,
+            opts=on_aws,
+        )
+        provider = k8s.Provider(f"{name}-k8s", kubeconfig=kubeconfig, opts=child)
+        on_k8s = pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(provider=provider))
+
+        # --- system node group (on-demand, controllers) -------------------------------------
+        system_role = aws.iam.Role(
+            f"{name}-system-node", assume_role_policy=json.dumps(assume_role_ec2()), opts=on_aws
+        )
+        attachments = [
+            aws.iam.RolePolicyAttachment(
+                f"{name}-system-node-{policy}",
+                role=system_role.name,
+                policy_arn=f"arn:aws:iam::aws:policy/{policy}",
+                opts=on_aws,
+            )
+            for policy in node_role_policies(c.cilium.enabled)
+        ]
+        sng = c.system_node_group
+        system_nodes = aws.eks.NodeGroup(
+            f"{name}-system",
+            cluster_name=cluster_name,
+            node_role_arn=system_role.arn,
+            subnet_ids=private_ids,
+            instance_types=[sng.instance_type],
+            capacity_type="ON_DEMAND",
+            ami_type="AL2023_x86_64_STANDARD",
+            version=c.kubernetes_version,
+            scaling_config=aws.eks.NodeGroupScalingConfigArgs(
+                min_size=sng.min_size, desired_size=sng.desired_size, max_size=sng.max_size
+            ),
+            update_config=aws.eks.NodeGroupUpdateConfigArgs(max_unavailable=1),
+            labels=dict(SYSTEM_NODE_LABEL),
+            taints=[aws.eks.NodeGroupTaintArgs(**t) for t in system_node_taints(c)],
+            opts=pulumi.ResourceOptions.merge(on_aws, pulumi.ResourceOptions(depends_on=attachments)),
+        )
+
+        # --- CNI, then DNS ------------------------------------------------------------------
+        self.cilium = None
+        cni_ready: list[pulumi.Resource] = [system_nodes]
+        if c.cilium.enabled:
+            self.cilium = Cilium(
+                f"{name}-cilium",
+                CiliumArgs(
+                    config=c.cilium,
+                    cluster_name=cluster_name,
+                    api_server_endpoint=endpoint,
+                    oidc_provider_arn=self.cluster.oidc_provider_arn,
+                    oidc_issuer=self.cluster.oidc_issuer,
+                    k8s_provider=provider,
+                    aws_provider=aws_provider,
+                    operator_replicas=min(2, sng.min_size),
+                ),
+                opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=[system_nodes])),
+            )
+            cni_ready = [self.cilium]
+        coredns = aws.eks.Addon(
+            f"{name}-coredns",
+            cluster_name=cluster_name,
+            addon_name="coredns",
+            addon_version=aws.eks.get_addon_version_output(
+                addon_name="coredns",
+                kubernetes_version=c.kubernetes_version,
+                opts=pulumi.InvokeOutputOptions(provider=aws_provider),
+            ).version,
+            resolve_conflicts_on_create="OVERWRITE",
+            resolve_conflicts_on_update="OVERWRITE",
+            configuration_values=json.dumps(coredns_configuration(c)),
+            opts=pulumi.ResourceOptions.merge(on_aws, pulumi.ResourceOptions(depends_on=cni_ready)),
+        )
+
+        # --- Karpenter and the GPU pools ----------------------------------------------------
+        self.karpenter = Karpenter(
+            f"{name}-karpenter",
+            KarpenterArgs(
+                config=c,
+                cluster_name=cluster_name,
+                oidc_provider_arn=self.cluster.oidc_provider_arn,
+                oidc_issuer=self.cluster.oidc_issuer,
+                k8s_provider=provider,
+                aws_provider=aws_provider,
+                tags=tags,
+            ),
+            opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=[coredns, *cni_ready])),
+        )
+        k8s.helm.v3.Release(
+            f"{name}-nvidia-device-plugin",
+            name="nvidia-device-plugin",
+            chart=DEVICE_PLUGIN_CHART,
+            version=DEVICE_PLUGIN_VERSION,
+            namespace="kube-system",
+            repository_opts=k8s.helm.v3.RepositoryOptsArgs(repo=DEVICE_PLUGIN_REPO),
+            values=device_plugin_values(POOL_LABEL, GPU_TOLERATION),
+            opts=pulumi.ResourceOptions.merge(on_k8s, pulumi.ResourceOptions(depends_on=cni_ready)),
+        )
+
+        queue_arn = self.karpenter.queue.arn if self.karpenter.queue is not None else None
         self.handle = ClusterHandle(
             cloud="aws",
             name=c.name,
             region=c.region,
             provider=provider,
-            cluster_name=pulumi.Output.from_input(c.name),
-            endpoint=pulumi.Output.from_input(""),
-            kubeconfig=pulumi.Output.secret("{}"),
-            oidc_issuer=pulumi.Output.from_input(""),
-            gpu_pools={p.name: pool_info(p) for p in c.gpu_pools},
+            cluster_name=cluster_name,
+            endpoint=endpoint,
+            kubeconfig=kubeconfig,
+            oidc_issuer=self.cluster.oidc_provider_url,
+            gpu_pools={p.name: pool_info(p, self.karpenter.nodepool_names[p.name]) for p in c.gpu_pools},
             spot_notice_s=c.spot_notice_s,
+            interruption_queue_arn=queue_arn,
+            native=self.cluster,
+            extras={"vpc_id": vpc.id, "private_subnet_ids": private_ids, "karpenter": self.karpenter},
         )
-        self.register_outputs({"clusterName": self.handle.cluster_name})
+        self.register_outputs(
+            {
+                "clusterName": cluster_name,
+                "endpoint": endpoint,
+                "kubeconfig": kubeconfig,
+                "oidcIssuer": self.cluster.oidc_provider_url,
+                "interruptionQueueArn": queue_arn,
+                "nodePools": {k: list(v) for k, v in self.karpenter.nodepool_names.items()},
+            }
+        )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 from typing import Any, Callable
 
 ACCOUNT = "123456789012"
@@ -20,6 +21,37 @@ def _hex(name: str, n: int = 8) -> str:
 
 def _arn(service: str, region: str, resource: str) -> str:
     return f"arn:aws:{service}:{region}:{ACCOUNT}:{resource}"
+
+
+def _fake_kubeconfig(cluster: str) -> str:
+    return (
+        '{"apiVersion": "v1", "kind": "Config", "current-context": "%s", "clusters": [{"name": "%s", '
+        '"cluster": {"server": "https://10.0.0.2", "certificate-authority-data": "%s"}}], "contexts": '
+        '[{"name": "%s", "context": {"cluster": "%s", "user": "%s"}}], "users": [{"name": "%s", "user": '
+        '{"token": "mock-token-%s"}}]}' % ((cluster, cluster, FAKE_CA) + (cluster,) * 5)
+    )
+
+
+def _eks_cluster(name: str) -> dict[str, Any]:
+    endpoint = f"https://{_hex(name, 32).upper()}.gr7.us-east-1.eks.amazonaws.com"
+    issuer = f"oidc.eks.us-east-1.amazonaws.com/id/{_hex(name + 'oidc', 32).upper()}"
+    kubeconfig = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "kubernetes", "cluster": {"server": endpoint, "certificate-authority-data": FAKE_CA}}],
+        "contexts": [{"name": "aws", "context": {"cluster": "kubernetes", "user": "aws"}}],
+        "current-context": "aws",
+        "users": [{"name": "aws", "user": {"exec": {"apiVersion": "client.authentication.k8s.io/v1beta1", "command": "aws", "args": ["eks", "get-token", "--cluster-name", name]}}}],
+    }
+    return {
+        "kubeconfig": kubeconfig,
+        "kubeconfigJson": json.dumps(kubeconfig),
+        "oidcIssuer": issuer,
+        "oidcProviderUrl": f"https://{issuer}",
+        "oidcProviderArn": f"arn:aws:iam::{ACCOUNT}:oidc-provider/{issuer}",
+        "clusterSecurityGroupId": f"sg-{_hex(name + 'cluster')}",
+        "nodeSecurityGroupId": f"sg-{_hex(name + 'cluster')}",
+    }
 
 
 # type token -> fn(name, inputs) -> computed outputs merged over the inputs
@@ -37,6 +69,9 @@ RESOURCE_OUTPUTS: dict[str, Callable[[str, dict[str, Any]], dict[str, Any]]] = {
     "aws:ec2/vpc:Vpc": lambda n, i: {"id": f"vpc-{_hex(n)}", "defaultSecurityGroupId": f"sg-{_hex(n)}"},
     "aws:ec2/subnet:Subnet": lambda n, i: {"id": f"subnet-{_hex(n)}", "arn": _arn("ec2", "us-east-1", f"subnet/{n}")},
     "aws:ec2/securityGroup:SecurityGroup": lambda n, i: {"id": f"sg-{_hex(n)}"},
+    # pulumi-eks's remote component: only the scalar outputs AwsGpuCluster reads (eksCluster/core
+    # are resource references to children the mock engine never sees).
+    "eks:index:Cluster": lambda n, i: _eks_cluster(i.get("name", n)),
     "gcp:container/cluster:Cluster": lambda n, i: {
         "endpoint": f"34.1.{int(_hex(n, 2), 16)}.10",
         "masterAuth": {"clusterCaCertificate": FAKE_CA},
@@ -46,6 +81,17 @@ RESOURCE_OUTPUTS: dict[str, Callable[[str, dict[str, Any]], dict[str, Any]]] = {
     "gcp:compute/network:Network": lambda n, i: {"selfLink": f"https://www.googleapis.com/compute/v1/projects/p/global/networks/{i.get('name', n)}", "id": f"projects/p/global/networks/{i.get('name', n)}"},
     "gcp:compute/subnetwork:Subnetwork": lambda n, i: {"selfLink": f"https://www.googleapis.com/compute/v1/projects/p/regions/r/subnetworks/{i.get('name', n)}", "id": f"projects/p/regions/r/subnetworks/{i.get('name', n)}"},
     "gcp:serviceaccount/account:Account": lambda n, i: {"email": f"{i.get('accountId', n)}@{i.get('project', 'p')}.iam.gserviceaccount.com", "name": f"projects/p/serviceAccounts/{n}"},
+    "gcp:compute/router:Router": lambda n, i: {"selfLink": f"https://www.googleapis.com/compute/v1/projects/p/regions/r/routers/{i.get('name', n)}"},
+    "gcp:container/nodePool:NodePool": lambda n, i: {"instanceGroupUrls": [], "managedInstanceGroupUrls": []},
+    # Another stack's outputs, as `pulumi.StackReference` reads them: a `kubeconfigs` map keyed by
+    # cluster name (the contract of this project's own stacks) and a plain `kubeconfig`, both secret.
+    "pulumi:pulumi:StackReference": lambda n, i: {
+        "outputs": {
+            "kubeconfigs": {c: _fake_kubeconfig(c) for c in ("prod-usc1", "prod-use1", "team-gke")},
+            "kubeconfig": _fake_kubeconfig("upstream"),
+        },
+        "secretOutputNames": ["kubeconfigs", "kubeconfig"],
+    },
 }
 
 # invoke token -> fn(args) -> result
@@ -64,6 +110,12 @@ CALL_OUTPUTS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     },
     "aws:index/getPartition:getPartition": lambda a: {"partition": "aws", "dnsSuffix": "amazonaws.com", "id": "aws"},
     "aws:index/getRegion:getRegion": lambda a: {"name": a.get("name", "us-east-1"), "region": a.get("region", "us-east-1"), "id": "us-east-1"},
+    "aws:eks/getAddonVersion:getAddonVersion": lambda a: {
+        "addonName": a.get("addonName"),
+        "kubernetesVersion": a.get("kubernetesVersion"),
+        "version": {"coredns": "v1.12.4-eksbuild.1"}.get(a.get("addonName"), "v1.0.0-eksbuild.1"),
+        "id": a.get("addonName"),
+    },
 }
 
 

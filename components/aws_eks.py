@@ -1,0 +1,60 @@
+"""Pure deciders for the EKS control plane and its system node group (pulumi-eks 4.4.0 arguments)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from components.config import AwsCluster
+from components.karpenter_specs import CILIUM_STARTUP_TAINT
+
+CLUSTER_LOG_TYPES = ["api", "audit", "authenticator"]
+SYSTEM_NODE_LABEL = {"gpuinfra.io/node-role": "system"}
+
+
+def eks_cluster_settings(c: AwsCluster) -> dict[str, Any]:
+    """Plain keyword arguments for `eks.Cluster` (networking and keys are wired by the component).
+
+    With Cilium on, EKS must not bootstrap aws-node, kube-proxy or CoreDNS
+    (`bootstrap_self_managed_addons=False`), and pulumi-eks must not add its own VPC CNI or
+    kube-proxy add-ons. CoreDNS is always our own managed add-on, created after the CNI is up.
+    """
+    cilium = c.cilium.enabled
+    return {
+        "name": c.name,
+        "version": c.kubernetes_version,
+        "authentication_mode": "API",
+        "bootstrap_self_managed_addons": not cilium,
+        "use_default_vpc_cni": True,
+        "kube_proxy_addon_options": {"enabled": not cilium},
+        "coredns_addon_options": {"enabled": False},
+        "skip_default_node_group": True,
+        "skip_default_security_groups": True,
+        "create_oidc_provider": True,
+        "endpoint_private_access": c.endpoint.private_access,
+        "endpoint_public_access": c.endpoint.public_access,
+        "public_access_cidrs": [str(n) for n in c.endpoint.public_access_cidrs] if c.endpoint.public_access else None,
+        "node_associate_public_ip_address": False,
+        "enabled_cluster_log_types": list(CLUSTER_LOG_TYPES),
+    }
+
+
+def endpoint_from_kubeconfig(kubeconfig: str | dict) -> str:
+    """The API server URL in a pulumi-eks kubeconfig (the cluster's endpoint)."""
+    doc = json.loads(kubeconfig) if isinstance(kubeconfig, str) else kubeconfig
+    return doc["clusters"][0]["cluster"]["server"]
+
+
+def system_node_taints(c: AwsCluster) -> list[dict[str, str]]:
+    """EKS managed node group taints: the Cilium startup taint keeps pods off until the CNI is up."""
+    if not c.cilium.enabled:
+        return []
+    return [{"key": CILIUM_STARTUP_TAINT["key"], "value": CILIUM_STARTUP_TAINT["value"], "effect": "NO_EXECUTE"}]
+
+
+def coredns_configuration(c: AwsCluster) -> dict[str, Any]:
+    """CoreDNS add-on configuration values: on the system nodes (it is created after Cilium is up)."""
+    return {
+        "nodeSelector": dict(SYSTEM_NODE_LABEL),
+        "tolerations": [{"key": "CriticalAddonsOnly", "operator": "Exists"}],
+    }

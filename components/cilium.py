@@ -1,0 +1,74 @@
+"""Cilium on EKS: the operator's IAM role (IRSA, for ENI IPAM) and the pinned Helm release."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Optional
+
+import pulumi
+import pulumi_aws as aws
+import pulumi_kubernetes as k8s
+
+from components.cilium_values import (
+    CILIUM_CHART,
+    CILIUM_NAMESPACE,
+    CILIUM_OPERATOR_SA,
+    CILIUM_REPO,
+    CILIUM_VERSION,
+    cilium_values,
+    operator_policy,
+)
+from components.config import CiliumConfig
+from components.karpenter_specs import irsa_trust
+
+
+@dataclass(frozen=True)
+class CiliumArgs:
+    config: CiliumConfig
+    cluster_name: pulumi.Input[str]
+    api_server_endpoint: pulumi.Input[str]
+    oidc_provider_arn: pulumi.Input[str]
+    oidc_issuer: pulumi.Input[str]
+    """The OIDC issuer without `https://`."""
+    k8s_provider: k8s.Provider
+    aws_provider: aws.Provider
+    operator_replicas: int = 2
+
+
+class Cilium(pulumi.ComponentResource):
+    release: k8s.helm.v3.Release
+    operator_role: aws.iam.Role
+
+    def __init__(self, name: str, args: CiliumArgs, opts: Optional[pulumi.ResourceOptions] = None):
+        super().__init__("gpuinfra:cilium:Cilium", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        on_aws = pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(provider=args.aws_provider))
+
+        self.operator_role = aws.iam.Role(
+            f"{name}-operator",
+            assume_role_policy=pulumi.Output.all(args.oidc_provider_arn, args.oidc_issuer).apply(
+                lambda a: json.dumps(irsa_trust(a[0], a[1], CILIUM_NAMESPACE, CILIUM_OPERATOR_SA))
+            ),
+            opts=on_aws,
+        )
+        aws.iam.RolePolicy(
+            f"{name}-operator-eni",
+            role=self.operator_role.id,
+            policy=json.dumps(operator_policy()),
+            opts=on_aws,
+        )
+        values = pulumi.Output.all(args.api_server_endpoint, args.cluster_name, self.operator_role.arn).apply(
+            lambda a: cilium_values(args.config, a[0], a[1], a[2], args.operator_replicas)
+        )
+        self.release = k8s.helm.v3.Release(
+            f"{name}-release",
+            name="cilium",
+            chart=CILIUM_CHART,
+            version=CILIUM_VERSION,
+            namespace=CILIUM_NAMESPACE,
+            repository_opts=k8s.helm.v3.RepositoryOptsArgs(repo=CILIUM_REPO),
+            values=values,
+            opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(provider=args.k8s_provider)),
+        )
+        self.register_outputs({"release": self.release.name, "operatorRoleArn": self.operator_role.arn})
