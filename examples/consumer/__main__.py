@@ -1,0 +1,44 @@
+"""Example consumer: deploys a small client that calls a platform model through the output contract.
+
+Everything it needs (kubeconfig, the model's in-cluster OpenAI URL, the served model name) comes from
+the platform stack's outputs via `PlatformOutputs.from_stack_reference`; a contract mismatch fails
+the deployment with a clear message before anything is created on the cluster.
+"""
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from consumer_app import CLIENT_SCRIPT, client_env, client_pod_spec
+from gpuinfra_contract import PlatformOutputs
+
+cfg = pulumi.Config()
+model, cluster = cfg.require("model"), cfg.require("cluster")
+platform = PlatformOutputs.from_stack_reference(cfg.require("platform_stack"))
+
+provider = k8s.Provider("platform-cluster", kubeconfig=platform.kubeconfig(cluster))
+on_cluster = pulumi.ResourceOptions(provider=provider)
+labels = {"app.kubernetes.io/name": "chat-client"}
+
+ns = k8s.core.v1.Namespace("chat-client", metadata={"name": "chat-client"}, opts=on_cluster)
+script = k8s.core.v1.ConfigMap(
+    "chat-client-script",
+    metadata={"namespace": ns.metadata.name, "labels": labels},
+    data={"client.py": CLIENT_SCRIPT},
+    opts=on_cluster,
+)
+env = pulumi.Output.all(platform.endpoint(model, cluster), platform.served_model_name(model)).apply(
+    lambda a: client_env(a[0], a[1])
+)
+k8s.apps.v1.Deployment(
+    "chat-client",
+    metadata={"namespace": ns.metadata.name, "labels": labels},
+    spec={
+        "replicas": 1,
+        "selector": {"matchLabels": labels},
+        "template": {"metadata": {"labels": labels}, "spec": client_pod_spec(env, script.metadata.name)},
+    },
+    opts=on_cluster,
+)
+
+pulumi.export("openai_base_url", platform.openai_base_url(model, cluster))
+pulumi.export("served_model_name", platform.served_model_name(model))
