@@ -1,0 +1,1 @@
+"""The gpu-serving CrossGuard policy pack (`pulumi preview --policy-pack policies`)."""

@@ -1,0 +1,170 @@
+"""Rules for Karpenter (v1 APIs, chart 1.15): spot interruption handling, fallback, node hardening."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from pulumi_policy import (
+    EnforcementLevel,
+    ReportViolation,
+    ResourceValidationArgs,
+    ResourceValidationPolicy,
+    StackValidationArgs,
+    StackValidationPolicy,
+)
+
+from policies.common import (
+    EC2NODECLASS,
+    ENVIRONMENT_SCHEMA,
+    NODEPOOL,
+    as_list,
+    as_map,
+    dig,
+    environment,
+    is_helm_chart,
+    is_unknown,
+    nodepool_capacity_types,
+    nodepool_pool_label,
+    nodepool_weight,
+    object_name,
+    truthy,
+)
+from policies.scope import ClusterScope
+
+KARPENTER_CHART = "karpenter"
+
+# ---- karpenter-nodepool-interruption-queue (stack) -------------------------------------------
+
+
+def interruption_queue_of(values: Mapping[str, Any]) -> Any:
+    """`settings.interruptionQueue` in the Karpenter chart values (the SQS queue *name*)."""
+    return dig(values, "settings", "interruptionQueue")
+
+
+def nodepool_interruption_queue(args: StackValidationArgs, report_violation: ReportViolation) -> None:
+    scope = ClusterScope(args.resources)
+    releases = [r for r in args.resources if is_helm_chart(r.resource_type, r.props, KARPENTER_CHART)]
+    for np in args.resources:
+        if np.resource_type != NODEPOOL or "spot" not in nodepool_capacity_types(np.props):
+            continue
+        mine = [r for r in releases if scope.same(np, r)]
+        queues = [interruption_queue_of(as_map(r.props.get("values"))) for r in mine]
+        if any(q and (is_unknown(q) or str(q).strip()) for q in queues):
+            continue
+        where = "the Karpenter Helm release sets no settings.interruptionQueue" if mine else "no Karpenter Helm release was found in its cluster"
+        report_violation(
+            f"spot NodePool '{object_name(np.props, np.name)}' needs spot interruption handling but "
+            f"{where}; create the SQS interruption queue with its EventBridge rules and set the "
+            f"chart value settings.interruptionQueue to the queue name",
+            np.urn,
+        )
+
+
+# ---- karpenter-nodepool-on-demand-fallback (stack, prod) -------------------------------------
+
+
+def nodepool_on_demand_fallback(args: StackValidationArgs, report_violation: ReportViolation) -> None:
+    if environment(args.get_config()) != "prod":
+        return
+    scope = ClusterScope(args.resources)
+    pools = [r for r in args.resources if r.resource_type == NODEPOOL]
+    for np in pools:
+        caps = nodepool_capacity_types(np.props)
+        if "spot" not in caps or "on-demand" in caps:
+            continue  # a NodePool allowing both falls back to on-demand by itself
+        label = nodepool_pool_label(np.props)
+        name = object_name(np.props, np.name)
+        fallbacks = [
+            o
+            for o in pools
+            if o is not np
+            and scope.same(np, o)
+            and "on-demand" in nodepool_capacity_types(o.props)
+            and (label is None or nodepool_pool_label(o.props) == label)
+        ]
+        if not fallbacks:
+            report_violation(
+                f"spot NodePool '{name}' has no on-demand fallback NodePool"
+                f"{f' for pool {label!r}' if label else ''} in its cluster; in prod add a NodePool "
+                f"with karpenter.sh/capacity-type In [on-demand], the same pool label and a lower "
+                f"spec.weight",
+                np.urn,
+            )
+        elif not any(nodepool_weight(o.props) < nodepool_weight(np.props) for o in fallbacks):
+            report_violation(
+                f"spot NodePool '{name}' (weight {nodepool_weight(np.props)}) does not outrank its "
+                f"on-demand fallback (weight {max(nodepool_weight(o.props) for o in fallbacks)}); give "
+                f"the spot NodePool the higher spec.weight so Karpenter tries spot first",
+                np.urn,
+            )
+
+
+# ---- karpenter-ec2nodeclass-imdsv2 -----------------------------------------------------------
+
+
+def ec2nodeclass_imdsv2(args: ResourceValidationArgs, report_violation: ReportViolation) -> None:
+    """Karpenter v1 defaults to the same values today; the rule wants them explicit so they stay."""
+    if args.resource_type != EC2NODECLASS:
+        return
+    md = as_map(dig(args.props, "spec", "metadataOptions"))
+    tokens = md.get("httpTokens")
+    if not is_unknown(tokens) and tokens != "required":
+        report_violation(
+            f"EC2NodeClass sets spec.metadataOptions.httpTokens to {tokens!r}; set it to 'required' "
+            f"(IMDSv2 only, so a compromised pod cannot read node credentials with a plain GET)"
+        )
+    hops = md.get("httpPutResponseHopLimit")
+    if not is_unknown(hops) and hops != 1:
+        report_violation(
+            f"EC2NodeClass sets spec.metadataOptions.httpPutResponseHopLimit to {hops!r}; set it to 1 "
+            f"so pods cannot reach the node's instance metadata"
+        )
+
+
+# ---- karpenter-ec2nodeclass-encrypted-volumes ------------------------------------------------
+
+
+def ec2nodeclass_encrypted_volumes(args: ResourceValidationArgs, report_violation: ReportViolation) -> None:
+    """No blockDeviceMappings means the AMI family's default root volume, which Karpenter encrypts."""
+    if args.resource_type != EC2NODECLASS:
+        return
+    for i, m in enumerate(as_list(dig(args.props, "spec", "blockDeviceMappings"))):
+        ebs = as_map(as_map(m).get("ebs"))
+        enc = ebs.get("encrypted")
+        if is_unknown(enc):
+            continue
+        if truthy(enc) is not True:
+            dev = as_map(m).get("deviceName", "?")
+            report_violation(
+                f"EC2NodeClass blockDeviceMappings[{i}] ({dev}) is not encrypted; set ebs.encrypted: "
+                f"true (and kmsKeyID for a customer-managed key)"
+            )
+
+
+POLICIES = [
+    StackValidationPolicy(
+        name="karpenter-nodepool-interruption-queue",
+        description="Spot Karpenter NodePools run with a configured SQS interruption queue.",
+        enforcement_level=EnforcementLevel.MANDATORY,
+        validate=nodepool_interruption_queue,
+    ),
+    StackValidationPolicy(
+        name="karpenter-nodepool-on-demand-fallback",
+        description="In prod every spot Karpenter NodePool has a lower-weight on-demand fallback NodePool.",
+        enforcement_level=EnforcementLevel.MANDATORY,
+        validate=nodepool_on_demand_fallback,
+        config_schema=ENVIRONMENT_SCHEMA,
+    ),
+    ResourceValidationPolicy(
+        name="karpenter-ec2nodeclass-imdsv2",
+        description="EC2NodeClasses require IMDSv2 with a hop limit of 1.",
+        enforcement_level=EnforcementLevel.MANDATORY,
+        validate=ec2nodeclass_imdsv2,
+    ),
+    ResourceValidationPolicy(
+        name="karpenter-ec2nodeclass-encrypted-volumes",
+        description="EC2NodeClasses encrypt every EBS volume they attach.",
+        enforcement_level=EnforcementLevel.MANDATORY,
+        validate=ec2nodeclass_encrypted_volumes,
+    ),
+]

@@ -1,0 +1,18 @@
+"""Every policy in the pack, in one list: `__main__.py` serves it, `tools/policy_check.py` runs it."""
+
+from __future__ import annotations
+
+from pulumi_policy import Policy
+
+from policies import cilium_rules, cluster_rules, cost_rules, karpenter_rules, kubernetes_rules, serving_rules
+
+PACK_NAME = "gpu-serving"
+
+POLICIES: list[Policy] = [
+    *kubernetes_rules.POLICIES,
+    *serving_rules.POLICIES,
+    *karpenter_rules.POLICIES,
+    *cluster_rules.POLICIES,
+    *cilium_rules.POLICIES,
+    *cost_rules.POLICIES,
+]

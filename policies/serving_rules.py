@@ -1,0 +1,259 @@
+"""Rules for the vLLM serving Deployments: drain budget, probes, rollout, PDB, FP8 KV cache."""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping, Optional
+
+from pulumi_policy import (
+    EnforcementLevel,
+    PolicyResource,
+    ReportViolation,
+    ResourceValidationArgs,
+    ResourceValidationPolicy,
+    StackValidationArgs,
+    StackValidationPolicy,
+)
+
+from policies.common import (
+    DEPLOYMENT,
+    PDB,
+    PRESTOP_ANNOTATION,
+    as_list,
+    as_map,
+    command_line,
+    dig,
+    flag_value,
+    is_unknown,
+    namespace_of,
+    pod_template,
+    serving_container,
+    template_labels,
+    whole_number,
+)
+from policies.scope import ClusterScope, gpu_models_for_pod
+
+K8S_DEFAULT_TGPS = 30
+PRESTOP_ENV = "PRESTOP_TIMEOUT_S"
+"""The env var the preStop drain hook (components/runtime) reads its budget from."""
+
+# ---- kubernetes-serving-deployment-termination-grace -----------------------------------------
+
+
+def termination_grace_problems(props: Mapping[str, Any], container: Mapping[str, Any]) -> list[str]:
+    """Why the pod would be killed before its drain finishes (empty when the budget adds up)."""
+    tmpl = as_map(pod_template(DEPLOYMENT, props))
+    spec = as_map(tmpl.get("spec"))
+    raw_tgps = spec.get("terminationGracePeriodSeconds", K8S_DEFAULT_TGPS)
+    raw_prestop = as_map(dig(tmpl, "metadata", "annotations")).get(PRESTOP_ANNOTATION)
+    env_prestop = next(
+        (e.get("value") for e in as_list(container.get("env")) if as_map(e).get("name") == PRESTOP_ENV), None
+    )
+    if raw_prestop is None:
+        raw_prestop = env_prestop  # the budget the preStop hook itself reads
+    elif env_prestop is not None and whole_number(env_prestop) != whole_number(raw_prestop):
+        return [
+            f"annotation {PRESTOP_ANNOTATION}={raw_prestop!r} disagrees with the vLLM container's "
+            f"{PRESTOP_ENV}={env_prestop!r}; render both from the same value"
+        ]
+    raw_shutdown = flag_value(command_line(container), "--shutdown-timeout")
+    if any(is_unknown(v) for v in (raw_tgps, raw_prestop, raw_shutdown)):
+        return []
+    problems: list[str] = []
+    tgps, prestop, shutdown = whole_number(raw_tgps), whole_number(raw_prestop), whole_number(raw_shutdown)
+    if raw_prestop is None:
+        problems.append(
+            f"has no pod-template annotation {PRESTOP_ANNOTATION} (nor {PRESTOP_ENV} on the vLLM "
+            f"container); set it to the preStop wait budget in seconds so the grace period can be "
+            f"checked against it"
+        )
+    elif prestop is None:
+        problems.append(f"annotation {PRESTOP_ANNOTATION}={raw_prestop!r} is not a whole number of seconds")
+    if raw_shutdown is None:
+        problems.append(
+            "does not pass --shutdown-timeout to vLLM (default 0 aborts in-flight streams on "
+            "SIGTERM); add `--shutdown-timeout N`"
+        )
+    elif shutdown is None:
+        problems.append(f"--shutdown-timeout {raw_shutdown!r} is not a whole number of seconds")
+    if tgps is None:
+        problems.append(f"terminationGracePeriodSeconds {raw_tgps!r} is not a whole number")
+    elif prestop is not None and shutdown is not None and tgps < prestop + shutdown:
+        problems.append(
+            f"terminationGracePeriodSeconds {tgps} < preStop budget {prestop} + --shutdown-timeout "
+            f"{shutdown} = {prestop + shutdown}; raise it to at least {prestop + shutdown} or the "
+            f"kubelet kills in-flight streams"
+        )
+    return problems
+
+
+def serving_termination_grace(args: ResourceValidationArgs, report_violation: ReportViolation) -> None:
+    c = serving_container(args.resource_type, args.props)
+    if c is None:
+        return
+    for p in termination_grace_problems(args.props, c):
+        report_violation(f"serving Deployment {p}")
+
+
+# ---- kubernetes-serving-deployment-probes ----------------------------------------------------
+
+PROBES = ("readinessProbe", "startupProbe", "livenessProbe")
+
+
+def serving_probes(args: ResourceValidationArgs, report_violation: ReportViolation) -> None:
+    c = serving_container(args.resource_type, args.props)
+    if c is None:
+        return
+    missing = [p for p in PROBES if not isinstance(c.get(p), Mapping)]
+    if missing:
+        report_violation(
+            f"vLLM container '{c.get('name', '?')}' has no {', '.join(missing)}; add them (readiness "
+            f"and liveness on GET /health, a startupProbe long enough for the weights to load)"
+        )
+
+
+# ---- kubernetes-serving-deployment-max-unavailable -------------------------------------------
+
+
+def max_unavailable_problem(props: Mapping[str, Any]) -> Optional[str]:
+    strategy = as_map(dig(props, "spec", "strategy"))
+    kind = strategy.get("type", "RollingUpdate")
+    if kind == "Recreate":
+        return "uses the Recreate strategy, which stops every replica at once"
+    mu = dig(strategy, "rollingUpdate", "maxUnavailable")
+    if is_unknown(mu):
+        return None
+    if mu is None:
+        return "leaves rollingUpdate.maxUnavailable at the Kubernetes default of 25%"
+    if mu not in (0, "0", "0%"):
+        return f"sets rollingUpdate.maxUnavailable to {mu!r}"
+    return None
+
+
+def serving_max_unavailable(args: ResourceValidationArgs, report_violation: ReportViolation) -> None:
+    if serving_container(args.resource_type, args.props) is None:
+        return
+    problem = max_unavailable_problem(args.props)
+    if problem:
+        report_violation(
+            f"serving Deployment {problem}; set strategy.type RollingUpdate with "
+            f"rollingUpdate.maxUnavailable: 0 and maxSurge >= 1 so capacity never drops during a rollout"
+        )
+
+
+# ---- kubernetes-serving-deployment-pdb (stack) ------------------------------------------------
+
+
+def selector_matches(selector: Mapping[str, Any], labels: Mapping[str, Any]) -> bool:
+    """A LabelSelector matches `labels`; an empty selector matches nothing here (no real PDB uses it)."""
+    match_labels = as_map(selector.get("matchLabels"))
+    exprs = [e for e in as_list(selector.get("matchExpressions")) if isinstance(e, Mapping)]
+    if not match_labels and not exprs:
+        return False
+    if any(labels.get(k) != v for k, v in match_labels.items()):
+        return False
+    for e in exprs:
+        key, op, values = e.get("key"), e.get("operator"), [str(v) for v in as_list(e.get("values"))]
+        if op == "In" and str(labels.get(key)) not in values:
+            return False
+        if op == "NotIn" and key in labels and str(labels[key]) in values:
+            return False
+        if op == "Exists" and key not in labels:
+            return False
+        if op == "DoesNotExist" and key in labels:
+            return False
+    return True
+
+
+def serving_deployments(resources: Iterable[PolicyResource]) -> list[tuple[PolicyResource, Mapping[str, Any]]]:
+    out = []
+    for r in resources:
+        c = serving_container(r.resource_type, r.props)
+        if c is not None:
+            out.append((r, c))
+    return out
+
+
+def serving_pdb(args: StackValidationArgs, report_violation: ReportViolation) -> None:
+    scope = ClusterScope(args.resources)
+    pdbs = [r for r in args.resources if r.resource_type == PDB]
+    for dep, _ in serving_deployments(args.resources):
+        labels = template_labels(dep.resource_type, dep.props)
+        ns = namespace_of(dep.props)
+        covering = [
+            p
+            for p in pdbs
+            if scope.same(dep, p)
+            and (namespace_of(p.props) == ns or is_unknown(ns) or is_unknown(namespace_of(p.props)))
+            and selector_matches(as_map(dig(p.props, "spec", "selector")), labels)
+        ]
+        if not covering:
+            report_violation(
+                f"serving Deployment '{dep.name}' has no PodDisruptionBudget selecting its pods in "
+                f"namespace '{ns}'; add one (e.g. maxUnavailable: 1) so node drains and "
+                f"consolidation cannot evict every replica at once",
+                dep.urn,
+            )
+            continue
+        if not any(
+            dig(p.props, "spec", "maxUnavailable") is not None or dig(p.props, "spec", "minAvailable") is not None
+            for p in covering
+        ):
+            report_violation(
+                f"the PodDisruptionBudget for serving Deployment '{dep.name}' sets neither "
+                f"maxUnavailable nor minAvailable; set maxUnavailable: 1",
+                dep.urn,
+            )
+
+
+# ---- kubernetes-serving-fp8-kv-cache-gpu (stack, advisory) -----------------------------------
+
+
+def serving_fp8_kv_cache(args: StackValidationArgs, report_violation: ReportViolation) -> None:
+    scope = ClusterScope(args.resources)
+    for dep, c in serving_deployments(args.resources):
+        dtype = flag_value(command_line(c), "--kv-cache-dtype")
+        if not dtype or not str(dtype).startswith("fp8"):
+            continue
+        models = gpu_models_for_pod(dep, args.resources, scope)
+        lacking = sorted(m for m, fp8 in models.items() if not fp8)
+        if lacking:
+            report_violation(
+                f"serving Deployment '{dep.name}' uses --kv-cache-dtype {dtype} but can schedule on "
+                f"{', '.join(lacking)}, which has no FP8 support; restrict it to FP8 GPUs (L4, L40S, "
+                f"H100, H200) or use --kv-cache-dtype auto",
+                dep.urn,
+            )
+
+
+POLICIES = [
+    ResourceValidationPolicy(
+        name="kubernetes-serving-deployment-termination-grace",
+        description="Serving Deployments give pods a termination grace period of at least the preStop budget plus vLLM's --shutdown-timeout.",
+        enforcement_level=EnforcementLevel.MANDATORY,
+        validate=serving_termination_grace,
+    ),
+    ResourceValidationPolicy(
+        name="kubernetes-serving-deployment-probes",
+        description="Serving Deployments' vLLM containers have readiness, startup and liveness probes.",
+        enforcement_level=EnforcementLevel.MANDATORY,
+        validate=serving_probes,
+    ),
+    ResourceValidationPolicy(
+        name="kubernetes-serving-deployment-max-unavailable",
+        description="Serving Deployments roll out with maxUnavailable 0.",
+        enforcement_level=EnforcementLevel.MANDATORY,
+        validate=serving_max_unavailable,
+    ),
+    StackValidationPolicy(
+        name="kubernetes-serving-deployment-pdb",
+        description="Every serving Deployment has a PodDisruptionBudget selecting its pods.",
+        enforcement_level=EnforcementLevel.MANDATORY,
+        validate=serving_pdb,
+    ),
+    StackValidationPolicy(
+        name="kubernetes-serving-fp8-kv-cache-gpu",
+        description="Serving Deployments use an FP8 KV cache only on GPU types with FP8 support.",
+        enforcement_level=EnforcementLevel.ADVISORY,
+        validate=serving_fp8_kv_cache,
+    ),
+]
