@@ -204,3 +204,12 @@ def test_cost_table_lists_every_pool_and_flags_estimates(prod_run):
     for name in ("prod-use1", "prod-usc1", "p5.48xlarge", "g2-standard-48", "total"):
         assert name in text
     assert "unverified price" in text
+
+
+def test_offline_render_prints_the_cost_table(tmp_path, capsys):
+    from tools import render
+
+    assert render.main(["dev", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "GPU cost estimate (USD, 730 h/month" in out
+    assert any(line.strip().startswith("dev-use1") and "g6.2xlarge" in line for line in out.splitlines()), out[-1500:]

@@ -24,6 +24,7 @@ from typing import Any
 import yaml
 
 from components.config_loader import ConfigError
+from components.cost import cost_table_lines, estimate_stack_cost
 from tools.offline import ROOT, ProgramRun, Registered, available_stacks, parsed_config, run_program
 
 
@@ -140,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     written = write_render(run, out_dir)
-    print("\n".join(summary_rows(run) + config_rows(run)))
+    print("\n".join(summary_rows(run) + config_rows(run) + cost_table_lines(estimate_stack_cost(parsed_config(run)))))
     print(f"\nwrote {len(written)} files under {out_dir}")
     return 0
 
