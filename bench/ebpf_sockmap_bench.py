@@ -37,7 +37,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+CPU = None  # set from --cpu: pin client and server to one CPU
+
+
 def in_cgroup(cgroup: str, argv: list[str]) -> list[str]:
+    if CPU is not None:
+        argv = ["taskset", "-c", str(CPU), *argv]
     return ["sh", "-c", f'echo $$ > {cgroup}/cgroup.procs && exec "$@"', "sh", *argv]
 
 
@@ -110,7 +115,12 @@ def main() -> int:
     ap.add_argument("--seconds", type=int, default=3)
     ap.add_argument("--size", type=int, default=64, help="ping-pong message bytes")
     ap.add_argument("--frame", type=int, default=32, help="streaming frame bytes (token-sized)")
+    ap.add_argument("--cpu", default="0",
+                    help="pin sockperf client and server to this CPU ('none' to let them float). Unpinned "
+                         "runs on small VMs are bimodal: a cross-CPU wakeup costs ~35 us there.")
     a = ap.parse_args()
+    global CPU
+    CPU = None if a.cpu == "none" else int(a.cpu)
     if os.geteuid() != 0:
         sys.exit("needs root (loads eBPF programs)")
     subprocess.run(["make", "-C", BPF, "-s"], check=True)
@@ -145,7 +155,8 @@ def main() -> int:
         p99 = {m: statistics.median(x[1] for x in v) for m, v in lat.items()}
         mps = {m: statistics.median(v) for m, v in rate.items()}
         print(f"kernel {os.uname().release}, {os.cpu_count()} CPUs, {a.rounds} alternating rounds x {a.seconds} s, "
-              f"sockperf one-way latency (RTT/2), {a.size} B ping-pong, {a.frame} B stream")
+              f"sockperf one-way latency (RTT/2), {a.size} B ping-pong, {a.frame} B stream, "
+              f"{'client+server on CPU ' + str(CPU) if CPU is not None else 'unpinned'}")
         print(f"{'':10}{'p50 us':>10}{'p99 us':>10}{'stream msg/s':>15}")
         for m in ("plain", "sockmap"):
             print(f"{m:10}{p50[m]:>10.3f}{p99[m]:>10.3f}{mps[m]:>15.0f}")

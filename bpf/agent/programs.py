@@ -79,6 +79,12 @@ class Unit:
                     self.obj.map(m).unpin()
             self.obj.close()
             self.obj = None
+            if self.unpin_on_exit:
+                for d in (os.path.join(self.pin_dir, self.name), self.pin_dir):
+                    try:
+                        os.rmdir(d)  # only if empty: other units may still pin there
+                    except OSError:
+                        pass
         self.loaded = False
 
     def _start(self) -> None:
