@@ -79,7 +79,7 @@ class PlatformOutputs(_Model):
     models: dict[str, ServedModel] = Field(description="Served models by config name.")
     kubeconfigs: dict[str, SecretStr] = Field(
         default_factory=dict,
-        description="Admin kubeconfig per cluster. **Secret**: a separate output so the rest stays plain.",
+        description="Kubeconfig per cluster (the one the platform deploys with). **Secret**: its own output so the rest stays plain.",
         json_schema_extra={"secret": True},
     )
 

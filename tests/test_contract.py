@@ -235,3 +235,26 @@ def test_builder_defaults_and_normalisation(dev_run):
     assert e.metrics_url == "http://m.ns.svc.cluster.local:8000/metrics"
     assert e.openai_base_url == "http://m.ns.svc.cluster.local:8000/v1"
     assert set(plain_outputs(doc)) == set(PLAIN_OUTPUTS), "kubeconfigs never go out with the plain outputs"
+
+
+# --- the documented table is the model's ------------------------------------------------------
+
+
+def test_docs_table_matches_the_model():
+    from components.contract import TABLE_BEGIN, TABLE_END, contract_table
+    from tools.offline import ROOT
+
+    doc = (ROOT / "docs" / "contract.md").read_text()
+    assert TABLE_BEGIN in doc and TABLE_END in doc, "docs/contract.md lost its table markers"
+    embedded = doc[doc.index(TABLE_BEGIN): doc.index(TABLE_END) + len(TABLE_END)]
+    assert embedded == contract_table(), "docs/contract.md is stale: run `python -m components.contract` and paste it"
+
+
+def test_docs_table_lists_every_key():
+    from components.contract import contract_rows
+
+    paths = {p for p, _, _ in contract_rows()}
+    for key in ("clusters.<cluster>.oidc_issuer", "clusters.<cluster>.gpu_pools.<pool>.capacity",
+                "models.<model>.endpoints.<cluster>.openai_base_path", "clusters.<cluster>.interruption_queue_arn",
+                "clusters.<cluster>.ebpf_agent_metrics_port", "kubeconfigs"):
+        assert key in paths, key
