@@ -1,0 +1,303 @@
+"""The policy pack against the real program: every stack passes, and each mandatory rule catches
+exactly the break it is about (one rendered resource or one config key changed at a time)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import subprocess
+import sys
+from typing import Any, Callable
+
+import pytest
+from pulumi_policy import EnforcementLevel, PolicyResource, ResourceValidationPolicy, StackValidationPolicy
+
+from policies.pack import POLICIES
+from tools import policy_check
+from tools.offline import PROJECT, ROOT, ProgramRun, available_stacks, stack_config
+from tools.policy_check import Violation, check_run, evaluate, load_policy_config, policy_resources, resolve_config
+
+DEPLOYMENT = "kubernetes:apps/v1:Deployment"
+NODEPOOL = "kubernetes:karpenter.sh/v1:NodePool"
+NODECLASS = "kubernetes:karpenter.k8s.aws/v1:EC2NodeClass"
+RELEASE = "kubernetes:helm.sh/v3:Release"
+PDB = "kubernetes:policy/v1:PodDisruptionBudget"
+
+
+def violations_for(run: ProgramRun) -> list[Violation]:
+    cfg = stack_config(run.stack)
+    return check_run(run, load_policy_config(run.stack), policy_check.stack_environment(cfg))
+
+
+def table(vs: list[Violation]) -> str:
+    return policy_check.format_table(vs)
+
+
+# ---- the pack itself -------------------------------------------------------------------------
+
+
+def test_pack_policies_are_well_formed():
+    names = [p.name for p in POLICIES]
+    assert len(names) == len(set(names)), f"duplicate policy names: {names}"
+    for p in POLICIES:
+        assert re.fullmatch(r"(kubernetes|karpenter|aws|gcp|cilium|cost)(-[a-z0-9]+){2,}", p.name), p.name
+        assert p.description.endswith(".") and p.description.count(". ") == 0, f"{p.name}: one sentence"
+        fn = p._ResourceValidationPolicy__validate if isinstance(p, ResourceValidationPolicy) else p._StackValidationPolicy__validate
+        assert fn.__qualname__ == fn.__name__, f"{p.name}: validate must be a module-level function"
+    advisory = {p.name for p in POLICIES if p.enforcement_level == EnforcementLevel.ADVISORY}
+    assert advisory == {"kubernetes-serving-fp8-kv-cache-gpu", "cost-stack-on-demand-gpu-share"}
+
+
+def test_policy_pack_main_serves_under_the_real_sdk():
+    """`policies/__main__.py` builds the PolicyPack and starts the analyzer (it prints its port)."""
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "policies" / "__main__.py")],
+        cwd=ROOT / "policies",
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        line = proc.stdout.readline().decode().strip()
+        assert line.isdigit(), f"expected the analyzer's port, got {line!r}; stderr: {proc.stderr.read1().decode()}"
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "policies").glob("config.*.json")), ids=lambda p: p.name)
+def test_policy_config_files_match_their_stack(path):
+    stack = path.name[len("config.") : -len(".json")]
+    assert stack in available_stacks(), f"{path.name}: no stack {stack}"
+    env = stack_config(stack)[f"{PROJECT}:environment"]
+    data = json.loads(path.read_text())
+    known = {p.name: p for p in POLICIES}
+    for name, cfg in data.items():
+        assert name == "all" or name in known, f"{path.name}: unknown policy {name}"
+        if isinstance(cfg, dict) and "environment" in cfg:
+            assert cfg["environment"] == env, f"{path.name}: {name}.environment != stack environment {env}"
+        schema = known[name].config_schema.properties if name in known and known[name].config_schema else {}
+        for key in (cfg if isinstance(cfg, dict) else {}):
+            assert key == "enforcementLevel" or key in schema, f"{path.name}: {name}.{key} is not in its schema"
+
+
+# ---- every stack passes ----------------------------------------------------------------------
+
+
+def test_every_stack_has_no_mandatory_violation(any_run):
+    vs = violations_for(any_run)
+    mandatory = [v for v in vs if v.level == "mandatory"]
+    assert not mandatory, f"stack {any_run.stack}:\n{table(mandatory)}"
+
+
+def test_dev_and_prod_pass_with_no_violations_at_all(dev_run, prod_run):
+    for run in (dev_run, prod_run):
+        vs = violations_for(run)
+        assert not vs, f"stack {run.stack}:\n{table(vs)}"
+
+
+# ---- one break at a time ---------------------------------------------------------------------
+
+
+def _pick(resources: list[PolicyResource], type_: str, pred: Callable[[PolicyResource], bool] = lambda r: True) -> PolicyResource:
+    hits = [r for r in resources if r.resource_type == type_ and pred(r)]
+    if not hits:
+        pytest.skip(f"the program renders no {type_} matching the test yet")
+    return hits[0]
+
+
+def _serving(r: PolicyResource) -> bool:
+    return any("vllm" in str(c.get("image", "")) for c in r.props.get("spec", {}).get("template", {}).get("spec", {}).get("containers", []))
+
+
+def _vllm(props: dict) -> dict:
+    return next(c for c in props["spec"]["template"]["spec"]["containers"] if "vllm" in c["image"])
+
+
+def break_one(run: ProgramRun, type_: str, pred, mutate: Callable[[dict], Any], env: str | None = None):
+    """Mutate one rendered resource; return (target, violations that were not there before)."""
+    env = env or stack_config(run.stack)[f"{PROJECT}:environment"]
+    configs, levels = resolve_config(POLICIES, {}, env)
+    before = {(v.policy, v.urn, v.message) for v in evaluate(policy_resources(run), configs, levels)}
+    resources = policy_resources(run)
+    target = _pick(resources, type_, pred)
+    target.props = copy.deepcopy(dict(target.props))
+    if mutate(target.props) == "drop":
+        resources.remove(target)
+    after = evaluate(resources, configs, levels)
+    return target, [v for v in after if (v.policy, v.urn, v.message) not in before]
+
+
+def assert_only(rule: str, new: list[Violation], target: PolicyResource, fragment: str, level: str = "mandatory"):
+    assert new, f"{target.urn}: breaking it fired nothing (expected {rule})"
+    assert {v.policy for v in new} == {rule}, f"{target.urn}: expected only {rule}:\n{table(new)}"
+    assert all(v.level == level for v in new), table(new)
+    assert any(fragment in v.message for v in new), f"{target.urn}: no message with {fragment!r}:\n{table(new)}"
+
+
+def _set(path: list, value):
+    def f(props):
+        cur = props
+        for p in path[:-1]:
+            cur = cur.setdefault(p, {}) if isinstance(p, str) else cur[p]
+        cur[path[-1]] = value
+
+    return f
+
+
+def _delete(path: list):
+    def f(props):
+        cur = props
+        for p in path[:-1]:
+            cur = cur[p]
+        del cur[path[-1]]
+
+    return f
+
+
+def _vllm_edit(fn):
+    return lambda props: fn(_vllm(props))
+
+
+def _env_set(name: str, value: str):
+    def f(c):
+        c["env"] = [e for e in c.get("env", []) if e.get("name") != name] + [{"name": name, "value": value}]
+
+    return f
+
+
+def _drop_shm(c):
+    c["volumeMounts"] = [m for m in c["volumeMounts"] if m["mountPath"] != "/dev/shm"]
+
+
+def _on_demand_for(label):
+    return lambda r: r.props["spec"]["template"]["metadata"]["labels"].get("gpuinfra.io/pool") == label and "on-demand" in json.dumps(r.props["spec"]["template"]["spec"]["requirements"])
+
+
+BREAKS = [
+    # rule, stack, type, pred, mutation, message fragment
+    ("kubernetes-workload-image-pinned", "prod", DEPLOYMENT, _serving, _vllm_edit(lambda c: c.update(image="vllm/vllm-openai:latest")), "'latest' tag"),
+    ("kubernetes-workload-image-pinned", "dev", DEPLOYMENT, _serving, _vllm_edit(lambda c: c.update(image="vllm/vllm-openai")), "no tag"),
+    ("kubernetes-helm-release-version-pinned", "prod", RELEASE, lambda r: r.props.get("chart") == "cilium", _delete(["version"]), "no pinned version"),
+    ("kubernetes-gpu-container-resources", "prod", DEPLOYMENT, _serving, _vllm_edit(_drop_shm), "/dev/shm"),
+    ("kubernetes-gpu-container-resources", "dev", DEPLOYMENT, _serving, _vllm_edit(lambda c: c["resources"]["requests"].update(cpu="5500m")), "fractional cpu"),
+    ("kubernetes-gpu-container-resources", "dev", DEPLOYMENT, _serving, _vllm_edit(lambda c: c["resources"]["limits"].update(memory="48Gi")), "!= limits"),
+    ("kubernetes-gpu-container-resources", "dev", DEPLOYMENT, _serving, _vllm_edit(lambda c: c["resources"].pop("requests")), "has no cpu requests"),
+    ("kubernetes-workload-no-privileged", "prod", DEPLOYMENT, _serving, _vllm_edit(lambda c: c.setdefault("securityContext", {}).update(privileged=True)), "runs privileged"),
+    ("kubernetes-workload-capabilities-allowlist", "prod", DEPLOYMENT, _serving, _vllm_edit(lambda c: c["securityContext"].update(capabilities={"add": ["NET_ADMIN"]})), "only the eBPF agent"),
+    ("kubernetes-workload-no-plaintext-secrets", "prod", DEPLOYMENT, _serving, _vllm_edit(_env_set("HF_TOKEN", "hf_" + "a" * 34)), "secretKeyRef"),
+    ("kubernetes-workload-no-plaintext-secrets", "dev", DEPLOYMENT, _serving, _vllm_edit(lambda c: c["args"].extend(["--hf-token", "hf_" + "b" * 34])), "--hf-token"),
+    ("kubernetes-serving-deployment-termination-grace", "prod", DEPLOYMENT, _serving, _set(["spec", "template", "spec", "terminationGracePeriodSeconds"], 60), "raise it to at least"),
+    ("kubernetes-serving-deployment-termination-grace", "dev", DEPLOYMENT, _serving, _vllm_edit(lambda c: c.update(args=[a for a in c["args"] if a != "--shutdown-timeout"])), "--shutdown-timeout"),
+    ("kubernetes-serving-deployment-probes", "prod", DEPLOYMENT, _serving, _vllm_edit(lambda c: c.pop("startupProbe")), "startupProbe"),
+    ("kubernetes-serving-deployment-max-unavailable", "prod", DEPLOYMENT, _serving, _set(["spec", "strategy", "rollingUpdate", "maxUnavailable"], 1), "maxUnavailable: 0"),
+    ("kubernetes-serving-deployment-max-unavailable", "dev", DEPLOYMENT, _serving, _set(["spec", "strategy"], {"type": "Recreate"}), "Recreate"),
+    ("karpenter-nodepool-interruption-queue", "prod", RELEASE, lambda r: str(r.props.get("chart", "")).endswith("/karpenter"), _set(["values", "settings", "interruptionQueue"], ""), "settings.interruptionQueue"),
+    ("karpenter-nodepool-on-demand-fallback", "prod", NODEPOOL, _on_demand_for("h100"), lambda props: "drop", "no on-demand fallback"),
+    ("karpenter-nodepool-on-demand-fallback", "prod", NODEPOOL, _on_demand_for("l4"), _set(["spec", "weight"], 90), "higher spec.weight"),
+    ("karpenter-ec2nodeclass-imdsv2", "prod", NODECLASS, lambda r: True, _set(["spec", "metadataOptions", "httpTokens"], "optional"), "'required'"),
+    ("karpenter-ec2nodeclass-imdsv2", "dev", NODECLASS, lambda r: True, _set(["spec", "metadataOptions", "httpPutResponseHopLimit"], 2), "set it to 1"),
+    ("karpenter-ec2nodeclass-encrypted-volumes", "prod", NODECLASS, lambda r: True, _set(["spec", "blockDeviceMappings", 0, "ebs", "encrypted"], False), "ebs.encrypted"),
+    ("aws-eks-cluster-secrets-encryption", "prod", "eks:index:Cluster", lambda r: True, _delete(["encryptionConfigKeyArn"]), "encryptionConfigKeyArn"),
+    ("aws-eks-cluster-private-endpoint", "prod", "eks:index:Cluster", lambda r: True, _set(["endpointPublicAccess"], True), "endpointPublicAccess: false"),
+    ("gcp-gke-cluster-private-nodes", "prod", "gcp:container/cluster:Cluster", lambda r: True, _set(["privateClusterConfig", "enablePrivateNodes"], False), "enable_private_nodes"),
+    ("gcp-gke-cluster-private-nodes", "prod", "gcp:container/nodePool:NodePool", lambda r: True, _set(["networkConfig", "enablePrivateNodes"], False), "networkConfig.enablePrivateNodes"),
+    ("gcp-gke-cluster-workload-identity", "prod", "gcp:container/cluster:Cluster", lambda r: True, _delete(["workloadIdentityConfig"]), "Workload Identity"),
+    ("gcp-gke-cluster-workload-identity", "prod", "gcp:container/nodePool:NodePool", lambda r: True, _set(["nodeConfig", "workloadMetadataConfig"], {"mode": "GCE_METADATA"}), "GKE_METADATA"),
+    ("cilium-release-kube-proxy-replacement", "prod", RELEASE, lambda r: r.props.get("chart") == "cilium", _set(["values", "kubeProxyReplacement"], "strict"), "kubeProxyReplacement: true"),
+    ("cilium-release-no-removed-keys", "prod", RELEASE, lambda r: r.props.get("chart") == "cilium", _set(["values", "tunnel"], "disabled"), "routingMode"),
+    ("cilium-release-no-removed-keys", "prod", RELEASE, lambda r: r.props.get("chart") == "cilium", _set(["values", "hostServices"], {"enabled": True}), "socketLB"),
+]
+
+
+@pytest.mark.parametrize(
+    "rule,stack,type_,pred,mutation,fragment", BREAKS, ids=[f"{b[0]}[{b[1]}:{b[5]}]" for b in BREAKS]
+)
+def test_breaking_one_resource_fires_exactly_its_rule(request, rule, stack, type_, pred, mutation, fragment):
+    run = request.getfixturevalue(f"{stack}_run")
+    target, new = break_one(run, type_, pred, mutation)
+    assert_only(rule, new, target, fragment)
+
+
+def test_every_mandatory_rule_has_a_break_test():
+    mandatory = {p.name for p in POLICIES if p.enforcement_level == EnforcementLevel.MANDATORY}
+    assert mandatory <= {b[0] for b in BREAKS} | {"kubernetes-serving-deployment-pdb"}
+
+
+def test_removing_a_serving_pdb_fires_only_the_pdb_rule(prod_run):
+    resources = policy_resources(prod_run)
+    pdb = _pick(resources, PDB)
+    configs, levels = resolve_config(POLICIES, {}, "prod")
+    before = {(v.policy, v.urn) for v in evaluate(resources, configs, levels)}
+    resources.remove(pdb)
+    new = [v for v in evaluate(resources, configs, levels) if (v.policy, v.urn) not in before]
+    assert {v.policy for v in new} == {"kubernetes-serving-deployment-pdb"}, table(new)
+    assert len(new) == 1 and "has no PodDisruptionBudget" in new[0].message, table(new)
+    assert new[0].resource_type == DEPLOYMENT, f"{pdb.urn}: the violation should point at the Deployment"
+
+
+def test_fallback_rule_is_prod_only(prod_run):
+    """The same missing fallback is fine in dev: the policy config carries the environment."""
+    target, new = break_one(prod_run, NODEPOOL, _on_demand_for("h100"), lambda p: "drop", env="dev")
+    assert not [v for v in new if v.level == "mandatory"], table(new)
+
+
+# ---- advisory rules --------------------------------------------------------------------------
+
+
+def test_fp8_kv_cache_on_an_ampere_pool_is_flagged(prod_run):
+    resources = policy_resources(prod_run)
+    configs, levels = resolve_config(POLICIES, {}, "prod")
+    for r in resources:
+        if r.resource_type == NODEPOOL and r.props["spec"]["template"]["metadata"]["labels"].get("gpuinfra.io/pool") == "l4":
+            r.props = copy.deepcopy(dict(r.props))
+            for req in r.props["spec"]["template"]["spec"]["requirements"]:
+                if req["key"] == "node.kubernetes.io/instance-type":
+                    req["values"] = ["g5.12xlarge"]
+    new = [v for v in evaluate(resources, configs, levels) if v.policy == "kubernetes-serving-fp8-kv-cache-gpu"]
+    if not any(r.resource_type == NODEPOOL for r in resources):
+        pytest.skip("no Karpenter NodePools rendered yet")
+    assert new and all(v.level == "advisory" for v in new), table(new)
+    assert all("A10G" in v.message and "use1" in v.name for v in new), table(new)
+
+
+def test_on_demand_share_warns_when_a_pool_turns_on_demand(dev_run):
+    def to_on_demand(props):
+        for req in props["spec"]["template"]["spec"]["requirements"]:
+            if req["key"] == "karpenter.sh/capacity-type":
+                req["values"] = ["on-demand"]
+
+    target, new = break_one(dev_run, NODEPOOL, lambda r: True, to_on_demand)
+    assert {v.policy for v in new} == {"cost-stack-on-demand-gpu-share"}, table(new)
+    assert new[0].level == "advisory" and "100%" in new[0].message, table(new)
+
+
+# ---- a config change, end to end -------------------------------------------------------------
+
+
+def _prod_with_public_endpoint() -> dict:
+    cfg = copy.deepcopy(stack_config("prod"))
+    cfg[f"{PROJECT}:clusters"][0]["endpoint"]["public_access"] = True
+    return cfg
+
+
+def test_public_prod_endpoint_in_config_fires_only_the_endpoint_rule():
+    _, vs = policy_check.check_stack("prod", config=_prod_with_public_endpoint())
+    mandatory = [v for v in vs if v.level == "mandatory"]
+    assert {v.policy for v in mandatory} == {"aws-eks-cluster-private-endpoint"}, table(vs)
+    assert "endpointPublicAccess: false" in mandatory[0].message
+
+
+def test_cli_exit_status_and_table(monkeypatch, capsys):
+    assert policy_check.main(["dev"]) == 0
+    out = capsys.readouterr().out
+    assert "stack dev: 0 mandatory" in out, out
+
+    monkeypatch.setattr(policy_check, "stack_config", lambda stack: _prod_with_public_endpoint())
+    assert policy_check.main(["prod"]) == 1
+    out = capsys.readouterr().out
+    assert re.search(r"^mandatory\s+aws-eks-cluster-private-endpoint\s+eks:index:Cluster", out, re.M), out
+
+    monkeypatch.setattr(policy_check, "stack_config", lambda stack: {f"{PROJECT}:environment": "prod"})
+    assert policy_check.main(["prod"]) == 2
+    assert "program failed" in capsys.readouterr().err
