@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Pure agent logic (no kernel, no root): cgroup resolution, bucket conversion, config, maps scan."""
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given, settings, strategies as st
 
 import conftest  # noqa: F401  (puts bpf/ on sys.path)
 from agent import config
@@ -71,6 +71,7 @@ def test_bucket_bounds_are_seconds():
     assert b[-1] == ("+Inf", 0)
 
 
+@settings(database=None)  # write no .hypothesis/ directory into the shared tree
 @given(st.lists(st.integers(min_value=0, max_value=10 ** 9), min_size=40, max_size=40))
 def test_buckets_cumulative_and_complete(slots):
     b = log2_to_cumulative(slots)
