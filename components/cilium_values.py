@@ -47,7 +47,9 @@ def api_server_host_port(endpoint: str) -> tuple[str, int]:
     url = urlparse(endpoint if "://" in endpoint else f"https://{endpoint}")
     if not url.hostname:
         raise ValueError(f"not an API server endpoint: {endpoint!r}")
-    return url.hostname, url.port or 443
+    host = url.netloc.rsplit("@", 1)[-1]
+    host = host[: host.rindex(":")] if url.port else host  # keep the endpoint's own spelling
+    return host, url.port or 443
 
 
 def operator_policy() -> dict[str, Any]:

@@ -131,6 +131,17 @@ class AwsGpuPool(GpuPoolBase):
     def _has_types(self):
         if not self.instance_families and not self.instance_types_allowed:
             raise ValueError("instance_types: set instance_families and/or instance_types (at least one GPU type)")
+        # One EC2NodeClass (one kubelet config) serves every type of the pool, so the largest
+        # type's CPU reservation lands on the smallest one too.
+        types = self.instance_types
+        reserved = max(reserved_cpus_for(t.vcpus) for t in types)
+        small = [t.name for t in types if reserved > t.vcpus // 2]
+        if small:
+            raise ValueError(
+                f"instance_types: {small} are too small next to the pool's largest type: every node "
+                f"of a pool reserves {reserved} CPUs for the system, which would take over half of "
+                f"theirs; allowed: types within one size class per pool (split the pool)"
+            )
         return self
 
     @property

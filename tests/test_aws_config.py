@@ -1,0 +1,97 @@
+"""AWS cluster misconfigurations: each fails the whole program before any resource exists, with an
+error naming the key path and what is allowed."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import pytest
+
+from components.config_loader import ConfigError
+from tests.test_config_rules import P, _set, mutated
+from tools.offline import run_program
+
+
+def _only_aws_placements(cfg: dict[str, Any]) -> None:
+    for m in cfg[P + "models"]:
+        m["placements"] = [p for p in m["placements"] if p["cluster"] == "prod-use1"]
+
+
+def _both(*edits: Callable[[dict[str, Any]], None]) -> Callable[[dict[str, Any]], None]:
+    def edit(cfg: dict[str, Any]) -> None:
+        for e in edits:
+            e(cfg)
+
+    return edit
+
+
+CASES = [
+    ("unknown-instance-family", "prod", _set("clusters[0].gpu_pools[0].instance_families", ["p9"]),
+     ["clusters[0].gpu_pools[0].instance_families", "unknown GPU instance family ['p9']", "allowed:", "p5"]),
+    ("pool-without-gpu", "prod", _set("clusters[0].gpu_pools[1].instance_types", ["m7i.4xlarge"]),
+     ["clusters[0].gpu_pools[1].instance_types", "a pool needs GPUs", "allowed:"]),
+    ("pool-with-no-types", "dev", _set("clusters[0].gpu_pools[0].instance_types", []),
+     ["clusters[0].gpu_pools[0]", "at least one GPU type"]),
+    # 8 GPUs per pod on a 2-socket p5.48xlarge (4 GPUs per NUMA node) can never be single-NUMA.
+    ("single-numa-node-never-satisfiable", "prod",
+     _both(_only_aws_placements, _set("models[0].engine.tensor_parallel_size", 8)),
+     ["models[0].engine.tensor_parallel_size", "can never be aligned to one NUMA node",
+      "p5.48xlarge in clusters[0].gpu_pools[0]", "2 NUMA nodes, 4 GPUs each",
+      "clusters[0].gpu_pools[0].kubelet.topology_manager_policy"]),
+    ("cpu-larger-than-a-numa-node", "prod",
+     _both(_only_aws_placements, _set("models[0].resources.cpu", 95)),
+     ["models[0].resources.cpu", "can never fit one NUMA node", "p5.48xlarge"]),
+    ("mixed-size-classes", "dev", _set("clusters[0].gpu_pools[0].instance_types", ["g5.xlarge", "g6e.24xlarge"]),
+     ["clusters[0].gpu_pools[0].instance_types", "['g5.xlarge'] are too small", "reserves 4 CPUs", "split the pool"]),
+    ("bad-topology-policy", "dev", _set("clusters[0].kubelet", {"topology_manager_policy": "numa-please"}),
+     ["clusters[0].kubelet.topology_manager_policy", "'single-numa-node'"]),
+    ("prod-ami-latest", "prod", _set("clusters[0].karpenter", {"ami_alias": "al2023@latest"}),
+     ["clusters[0].karpenter.ami_alias", "allowed in prod: a pinned release"]),
+    ("ami-not-al2023", "dev", _set("clusters[0].karpenter", {"ami_alias": "al2@latest"}),
+     ["clusters[0].karpenter.ami_alias", "al2023@"]),
+    ("cilium-needs-private-endpoint", "dev",
+     _set("clusters[0].endpoint", {"private_access": False, "public_access": True}),
+     ["clusters[0]", "endpoint.private_access", "allowed: true"]),
+    ("vpc-too-small", "dev", _set("clusters[0].network", {"vpc_cidr": "10.40.0.0/24", "availability_zones": 2}),
+     ["clusters[0]", "network.vpc_cidr", "allowed: a /20 or larger"]),
+    ("one-az", "dev", _set("clusters[0].network", {"vpc_cidr": "10.40.0.0/16", "availability_zones": 1}),
+     ["clusters[0].network.availability_zones", "greater than or equal to 2"]),
+    ("spot-without-interruption-queue", "dev", _set("clusters[0].karpenter", {"interruption_queue": False}),
+     ["clusters[0].karpenter.interruption_queue", "allowed: true"]),
+]
+
+
+@pytest.mark.parametrize("case_id,stack,edit,expected", CASES, ids=[c[0] for c in CASES])
+def test_aws_misconfiguration_fails_before_any_resource(case_id, stack, edit, expected):
+    run = run_program(stack, config=mutated(stack, edit), raise_errors=False)
+    assert isinstance(run.error, ConfigError), f"{case_id}: expected a ConfigError, got {run.error!r}"
+    message = str(run.error)
+    for fragment in expected:
+        assert fragment in message, f"{case_id}: {fragment!r} not in error:\n{message}"
+    assert run.resources == [], f"{case_id}: resources were registered: {[r.urn for r in run.resources]}"
+
+
+def test_restricted_policy_is_the_way_out_for_a_whole_node_pod():
+    """The remedy the single-numa-node error names actually works."""
+    edit = _both(
+        _only_aws_placements,
+        _set("models[0].engine.tensor_parallel_size", 8),
+        _set("clusters[0].gpu_pools[0].kubelet", {"topology_manager_policy": "restricted"}),
+    )
+    run = run_program("prod", config=mutated("prod", edit), raise_errors=False)
+    assert run.error is None, run.error
+    (nc,) = [r for r in run.by_type("kubernetes:karpenter.k8s.aws/v1:EC2NodeClass") if r.name.endswith("-h100-nodeclass")]
+    assert "topologyManagerPolicy: restricted" in nc.inputs["spec"]["userData"], nc.urn
+
+
+def test_cilium_off_keeps_aws_node_and_kube_proxy():
+    run = run_program("dev", config=mutated("dev", _set("clusters[0].cilium", {"enabled": False})), raise_errors=False)
+    assert run.error is None, run.error
+    (eks,) = run.by_type("eks:index:Cluster")
+    assert eks.inputs["bootstrapSelfManagedAddons"] is True, eks.urn
+    assert eks.inputs["kubeProxyAddonOptions"] == {"enabled": True}, eks.urn
+    assert not run.by_type("gpuinfra:cilium:Cilium")
+    for np in run.by_type("kubernetes:karpenter.sh/v1:NodePool"):
+        assert "startupTaints" not in np.inputs["spec"]["template"]["spec"], np.urn
+    policies = [str(r.inputs["policyArn"]) for r in run.by_type("aws:iam/rolePolicyAttachment:RolePolicyAttachment")]
+    assert any(p.endswith("AmazonEKS_CNI_Policy") for p in policies)

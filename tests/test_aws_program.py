@@ -1,0 +1,194 @@
+"""The AWS cluster through the whole program, for dev and prod: the issue-8 acceptance list."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from components.cilium_values import CILIUM_VERSION
+from components.config import pool_reserved_cpus
+from components.karpenter_specs import DEVICE_PLUGIN_VERSION, KARPENTER_VERSION
+from components.nodeadm import cpuset_size, parse_user_data
+from tests.conftest import stack_run
+from tools.offline import ProgramRun, stack_config
+
+NODEPOOL = "kubernetes:karpenter.sh/v1:NodePool"
+NODECLASS = "kubernetes:karpenter.k8s.aws/v1:EC2NodeClass"
+RELEASE = "kubernetes:helm.sh/v3:Release"
+
+
+def aws_clusters(stack: str) -> list[dict]:
+    return [c for c in stack_config(stack)["gpu-inference-platform:clusters"] if c["cloud"] == "aws"]
+
+
+@pytest.fixture(scope="module", params=["dev", "prod"])
+def run(request) -> ProgramRun:
+    return stack_run(request.param)
+
+
+def releases(run: ProgramRun, chart: str):
+    return [r for r in run.by_type(RELEASE) if r.inputs.get("chart", "").endswith(chart)]
+
+
+def test_no_kube_proxy_or_aws_node_when_cilium_is_on(run):
+    for eks in run.by_type("eks:index:Cluster"):
+        i = eks.inputs
+        assert i["bootstrapSelfManagedAddons"] is False, eks.urn
+        assert i["kubeProxyAddonOptions"] == {"enabled": False}, eks.urn
+        assert i["useDefaultVpcCni"] is True, f"{eks.urn}: pulumi-eks would add its own VPC CNI"
+        assert i["corednsAddonOptions"] == {"enabled": False}, eks.urn
+        assert i["authenticationMode"] == "API", eks.urn
+        assert i["encryptionConfigKeyArn"].startswith("arn:aws:kms:"), eks.urn
+    addons = {r.inputs["addonName"] for r in run.by_type("aws:eks/addon:Addon")}
+    assert addons == {"coredns"}, f"no vpc-cni/kube-proxy add-ons: {addons}"
+    objects = [r for r in run.kubernetes_objects() if r.inputs.get("metadata", {}).get("name") in {"aws-node", "kube-proxy"}]
+    assert not objects, [r.urn for r in objects]
+    for role in run.by_type("aws:iam/rolePolicyAttachment:RolePolicyAttachment"):
+        assert "AmazonEKS_CNI_Policy" not in str(role.inputs.get("policyArn")), role.urn
+
+
+def test_coredns_comes_after_cilium(run):
+    for coredns in run.by_type("aws:eks/addon:Addon"):
+        cluster = coredns.name.rsplit("-coredns", 1)[0]
+        (release,) = [r for r in releases(run, "cilium") if r.name == f"{cluster}-cilium-release"]
+        assert release.urn in coredns.dependencies, f"{coredns.urn} must wait for {release.urn}"
+        assert coredns.inputs["addonVersion"].startswith("v"), coredns.urn
+
+
+def test_system_node_group_is_on_demand_and_waits_for_cilium(run):
+    for ng in run.by_type("aws:eks/nodeGroup:NodeGroup"):
+        assert ng.inputs["capacityType"] == "ON_DEMAND", ng.urn
+        assert {"key": "node.cilium.io/agent-not-ready", "value": "true", "effect": "NO_EXECUTE"} in ng.inputs["taints"], ng.urn
+
+
+def test_private_subnets_across_azs_with_nat_and_discovery_tags(run):
+    for c in aws_clusters(run.stack):
+        subnets = [s for s in run.by_type("aws:ec2/subnet:Subnet") if s.name.startswith(f"{c['name']}-private-")]
+        assert len(subnets) == c["network"]["availability_zones"] >= 2
+        assert len({s.inputs["availabilityZone"] for s in subnets}) == len(subnets), "one AZ per private subnet"
+        for s in subnets:
+            assert s.inputs["tags"]["karpenter.sh/discovery"] == c["name"], s.urn
+        nats = [n for n in run.by_type("aws:ec2/natGateway:NatGateway") if n.name.startswith(c["name"])]
+        assert len(nats) == (1 if c["network"].get("single_nat_gateway") else len(subnets))
+        sg_tags = [t for t in run.by_type("aws:ec2/tag:Tag") if t.inputs["key"] == "karpenter.sh/discovery"]
+        assert any(t.inputs["value"] == c["name"] for t in sg_tags)
+
+
+def test_interruption_queue_with_rules_targeting_it(run):
+    for q in run.by_type("aws:sqs/queue:Queue"):
+        assert q.inputs["sqsManagedSseEnabled"] is True, q.urn
+        assert q.inputs["messageRetentionSeconds"] == 300, q.urn
+        arn = f"arn:aws:sqs:us-east-1:123456789012:{q.inputs['name']}"
+        targets = [t for t in run.by_type("aws:cloudwatch/eventTarget:EventTarget") if t.inputs["arn"] == arn]
+        assert len(targets) >= 4, f"{q.urn}: {len(targets)} EventBridge targets"
+        rule_names = {t.inputs["rule"] for t in targets}
+        rules = [r for r in run.by_type("aws:cloudwatch/eventRule:EventRule") if r.inputs.get("name", r.name) in rule_names or r.name in rule_names]
+        detail = {json.loads(r.inputs["eventPattern"])["detail-type"][0] for r in rules}
+        assert "EC2 Spot Instance Interruption Warning" in detail and "AWS Health Event" in detail
+        (policy,) = [p for p in run.by_type("aws:sqs/queuePolicy:QueuePolicy") if p.parent == q.parent]
+        statements = json.loads(policy.inputs["policy"])["Statement"]
+        assert any(s["Effect"] == "Deny" and s["Condition"]["Bool"]["aws:SecureTransport"] == "false" for s in statements)
+
+
+def test_karpenter_values_name_the_queue_and_crds_come_first(run):
+    for ctrl in releases(run, "karpenter/karpenter"):
+        q = [x for x in run.by_type("aws:sqs/queue:Queue") if x.parent == ctrl.parent]
+        assert ctrl.inputs["values"]["settings"]["interruptionQueue"] == q[0].inputs["name"], ctrl.urn
+        assert ctrl.inputs["version"] == KARPENTER_VERSION and ctrl.inputs["skipCrds"] is True
+        crd = [r for r in releases(run, "karpenter-crd") if r.parent == ctrl.parent][0]
+        assert crd.urn in ctrl.dependencies, ctrl.urn
+    assert not [r for r in run.by_type(RELEASE) if "termination-handler" in r.inputs.get("chart", "")]
+
+
+def test_spot_and_lower_weight_on_demand_nodepool_for_every_pool(run):
+    pools = {r.inputs["metadata"]["name"]: r for r in run.by_type(NODEPOOL)}
+    for c in aws_clusters(run.stack):
+        for p in c["gpu_pools"]:
+            spot, od = pools[f"{p['name']}-spot"], pools.get(f"{p['name']}-on-demand")
+            reqs = {r["key"]: r["values"] for r in spot.inputs["spec"]["template"]["spec"]["requirements"]}
+            assert reqs["karpenter.sh/capacity-type"] == ["spot"], spot.urn
+            assert spot.inputs["spec"]["template"]["spec"]["startupTaints"][0]["key"] == "node.cilium.io/agent-not-ready"
+            assert spot.inputs["spec"]["template"]["spec"]["taints"][0]["key"] == "nvidia.com/gpu"
+            assert int(spot.inputs["spec"]["limits"]["nvidia.com/gpu"]) >= p["max_nodes"]
+            if p.get("on_demand_fallback", True):
+                assert od is not None, f"{p['name']}: no on-demand fallback"
+                assert od.inputs["spec"]["weight"] < spot.inputs["spec"]["weight"], od.urn
+                labels = od.inputs["spec"]["template"]["metadata"]["labels"]
+                assert labels["gpuinfra.io/pool"] == p["name"] and labels["gpuinfra.io/capacity"] == "on-demand"
+            else:
+                assert od is None
+
+
+def test_nodeclass_user_data_is_a_numa_nodeconfig(run):
+    classes = run.by_type(NODECLASS)
+    assert classes
+    for nc in classes:
+        spec = nc.inputs["spec"]
+        (doc,) = parse_user_data(spec["userData"])
+        assert doc["apiVersion"] == "node.eks.aws/v1alpha1" and doc["kind"] == "NodeConfig", nc.urn
+        kubelet = doc["spec"]["kubelet"]["config"]
+        assert kubelet["cpuManagerPolicy"] == "static", nc.urn
+        assert kubelet["topologyManagerPolicy"] == "single-numa-node", nc.urn
+        assert cpuset_size(kubelet["reservedSystemCPUs"]) >= 1, nc.urn
+        assert spec["metadataOptions"]["httpTokens"] == "required"
+        assert spec["blockDeviceMappings"][0]["ebs"]["encrypted"] is True
+        assert spec["amiSelectorTerms"][0]["alias"].startswith("al2023@v")
+
+
+def test_nodepools_reference_their_nodeclass_and_wait_for_it(run):
+    classes = {r.inputs["metadata"]["name"]: r for r in run.by_type(NODECLASS)}
+    for np in run.by_type(NODEPOOL):
+        ref = np.inputs["spec"]["template"]["spec"]["nodeClassRef"]["name"]
+        assert ref in classes, np.urn
+        assert classes[ref].urn in np.dependencies, np.urn
+
+
+def test_cilium_values_have_kpr_and_socket_lb(run):
+    for rel in releases(run, "cilium"):
+        v = rel.inputs["values"]
+        assert rel.inputs["version"] == CILIUM_VERSION
+        assert v["kubeProxyReplacement"] is True and v["socketLB"]["enabled"] is True, rel.urn
+        assert v["k8sServiceHost"].endswith(".eks.amazonaws.com") and not v["k8sServiceHost"].startswith("https")
+        assert int(v["k8sServicePort"]) == 443
+
+
+def test_device_plugin_on_gpu_pool_nodes(run):
+    for rel in releases(run, "nvidia-device-plugin"):
+        v = rel.inputs["values"]
+        assert rel.inputs["version"] == DEVICE_PLUGIN_VERSION
+        assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in v["tolerations"]
+        term = v["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]
+        assert term["matchExpressions"][0]["key"] == "gpuinfra.io/pool"
+
+
+def test_platform_layers_use_the_clusters_kubernetes_provider(run):
+    for c in aws_clusters(run.stack):
+        (provider,) = [p for p in run.by_type("pulumi:providers:kubernetes") if p.name == f"{c['name']}-k8s"]
+        assert "kubeconfig" in provider.secret_paths, provider.urn
+        on_it = [r for r in run.kubernetes_objects() if run.provider_of(r) is provider]
+        assert on_it, f"nothing deployed through {provider.urn}"
+
+
+def test_prod_endpoint_is_private():
+    for eks in stack_run("prod").by_type("eks:index:Cluster"):
+        assert eks.inputs["endpointPublicAccess"] is False and eks.inputs["endpointPrivateAccess"] is True, eks.urn
+
+
+def test_handle_outputs_reach_the_stack_outputs():
+    run = stack_run("prod")
+    aws = run.outputs["clusters"]["prod-use1"]
+    assert aws["interruption_queue_arn"] == "arn:aws:sqs:us-east-1:123456789012:prod-use1"
+    assert aws["gpu_pools"]["h100"]["native_names"] == ["h100-spot", "h100-on-demand"]
+    assert aws["endpoint"].startswith("https://")
+    assert aws["oidc_issuer"].startswith("https://oidc.eks.")
+
+
+def test_reserved_cpus_match_the_validation_model():
+    from components.config import AwsCluster  # noqa: F401 - the model the stack file was parsed into
+
+    run = stack_run("prod")
+    for nc in run.by_type(NODECLASS):
+        (doc,) = parse_user_data(nc.inputs["spec"]["userData"])
+        n = cpuset_size(doc["spec"]["kubelet"]["config"]["reservedSystemCPUs"])
+        assert str(n) == nc.inputs["spec"]["kubelet"]["kubeReserved"]["cpu"], nc.urn
