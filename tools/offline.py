@@ -126,7 +126,8 @@ def _unwrap(value: Any, path: str, secrets: list[str], mask: bool) -> Any:
         sig = value.get(SIG_KEY)
         if sig == SECRET_SIG:
             secrets.append(path)
-            return MASK if mask else _unwrap(value.get("value"), path, secrets, mask)
+            inner = _unwrap(value.get("value"), path, [], mask)
+            return _mask_leaves(inner) if mask else inner
         if sig == RESOURCE_SIG:
             return value.get("urn")
         return {k: _unwrap(v, f"{path}.{k}" if path else k, secrets, mask) for k, v in value.items()}
@@ -135,6 +136,15 @@ def _unwrap(value: Any, path: str, secrets: list[str], mask: bool) -> Any:
     if value == UNKNOWN:
         return "[unknown]"
     return value
+
+
+def _mask_leaves(value: Any) -> Any:
+    """Mask a secret's values but keep its shape (keys of a Secret's `stringData` stay visible)."""
+    if isinstance(value, dict):
+        return {k: _mask_leaves(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_mask_leaves(v) for v in value]
+    return MASK
 
 
 def _struct(msg) -> dict[str, Any]:
