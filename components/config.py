@@ -162,6 +162,16 @@ class GcpGpuPool(GpuPoolBase):
     zones: list[str] = Field(default_factory=list)
     gpu_driver_version: Literal["DEFAULT", "LATEST"] = "LATEST"
 
+    @field_validator("name")
+    @classmethod
+    def _room_for_fallback_name(cls, v: str) -> str:
+        if len(v) > 37:
+            raise ValueError(
+                f"'{v}' is {len(v)} characters; GKE node pool names are at most 40 and the on-demand "
+                f"fallback pool adds '-od'; allowed: at most 37 characters"
+            )
+        return v
+
     @field_validator("machine_type")
     @classmethod
     def _known_machine(cls, v: str) -> str:
@@ -316,6 +326,12 @@ class AwsCluster(Base):
         return self
 
 
+GKE_CRITICAL_PODS_GRACE_S = 15
+"""The part of GKE's graceful node-shutdown window kept for critical system pods: 15 s of the default
+30 s notice (GKE Spot VM docs), so regular pods get 15 s. On the extended 120 s notice we keep 15 s
+for critical pods too (`shutdown_grace_period_critical_pods_seconds`), leaving 105 s to serving."""
+
+
 class GcpNetwork(Base):
     subnet_cidr: Cidr = ipaddress.IPv4Network("10.10.0.0/20")
     pods_cidr: Cidr = ipaddress.IPv4Network("10.20.0.0/14")
@@ -356,7 +372,9 @@ class GcpCluster(Base):
 
     @property
     def spot_notice_s(self) -> int:
-        return self.preemption_notice_s
+        """Seconds a serving pod gets after the preemption notice: GKE's graceful node shutdown keeps
+        the last GKE_CRITICAL_PODS_GRACE_S for critical system pods."""
+        return self.preemption_notice_s - GKE_CRITICAL_PODS_GRACE_S
 
     def cidrs(self) -> dict[str, Cidr]:
         n = self.network
@@ -380,11 +398,24 @@ class GcpCluster(Base):
                 )
         return self
 
+    @model_validator(mode="after")
+    def _zones_in_region(self):
+        for i, pool in enumerate(self.gpu_pools):
+            bad = [z for z in pool.zones if not z.startswith(f"{self.region}-") or len(z) != len(self.region) + 2]
+            if bad:
+                raise ValueError(
+                    f"gpu_pools[{i}].zones: {bad} are not zones of region {self.region}; allowed: "
+                    f"{self.region}-a, {self.region}-b, ... (zones that offer the pool's GPU)"
+                )
+        return self
+
 
 class KubeconfigFromStack(Base):
     stack: Annotated[str, StringConstraints(pattern=r"^[^/\s]+/[^/\s]+/[^/\s]+$")]
     """Fully qualified `org/project/stack` of the stack that exports the kubeconfig."""
     output: str = "kubeconfig"
+    key: Optional[str] = None
+    """When the output is a map (e.g. `kubeconfigs` keyed by cluster name), the entry to use."""
 
 
 class ExistingCluster(Base):
@@ -406,7 +437,8 @@ class ExistingCluster(Base):
 
     @property
     def spot_notice_s(self) -> int:
-        return {"aws": AWS_SPOT_NOTICE_S, "gcp": GKE_DEFAULT_SPOT_NOTICE_S}.get(self.underlying_cloud, 0)
+        gke = GKE_DEFAULT_SPOT_NOTICE_S - GKE_CRITICAL_PODS_GRACE_S  # what a pod gets on a default GKE spot node
+        return {"aws": AWS_SPOT_NOTICE_S, "gcp": gke}.get(self.underlying_cloud, 0)
 
     @property
     def kubelet(self) -> None:

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 import pulumi
 import pulumi_kubernetes as k8s
 
 from components.cluster import ClusterHandle, pool_info
-from components.config import ExistingCluster as ExistingClusterConfig
+from components.config import ExistingCluster as ExistingClusterConfig, KubeconfigFromStack
 
 
 @dataclass(frozen=True)
@@ -34,13 +34,15 @@ class ExistingCluster(pulumi.ComponentResource):
         c = args.config
         self.stack_reference = None
         if c.stack_reference is not None:
-            self.stack_reference = pulumi.StackReference(f"{name}-ref", c.stack_reference.stack, opts=child)
-            kubeconfig = pulumi.Output.secret(self.stack_reference.require_output(c.stack_reference.output))
+            ref = c.stack_reference
+            self.stack_reference = pulumi.StackReference(f"{name}-ref", ref.stack, opts=child)
+            value = self.stack_reference.require_output(ref.output)
+            kubeconfig = pulumi.Output.secret(value if ref.key is None else value.apply(lambda m: _entry(m, ref)))
         elif args.kubeconfig is not None:
             kubeconfig = pulumi.Output.secret(args.kubeconfig)
         else:
             raise ValueError(f"cluster '{c.name}': no kubeconfig source (config validation should catch this)")
-        kubeconfig = kubeconfig.apply(lambda k: k if isinstance(k, str) else json.dumps(k))
+        kubeconfig = kubeconfig.apply(kubeconfig_text)
         provider = k8s.Provider(f"{name}-k8s", kubeconfig=kubeconfig, opts=child)
         self.handle = ClusterHandle(
             cloud="existing",
@@ -55,4 +57,18 @@ class ExistingCluster(pulumi.ComponentResource):
             spot_notice_s=c.spot_notice_s,
             native=self.stack_reference,
         )
-        self.register_outputs({"clusterName": self.handle.cluster_name})
+        self.register_outputs({"clusterName": self.handle.cluster_name, "kubeconfig": kubeconfig})
+
+
+def kubeconfig_text(value: Any) -> str:
+    """A kubeconfig as the Kubernetes provider takes it: text as is, a structured value as JSON."""
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def _entry(outputs: Any, ref: KubeconfigFromStack) -> Any:
+    if not isinstance(outputs, dict) or ref.key not in outputs:
+        have = sorted(outputs) if isinstance(outputs, dict) else type(outputs).__name__
+        raise ValueError(
+            f"stack_reference.key: output '{ref.output}' of {ref.stack} has no entry '{ref.key}'; allowed: {have}"
+        )
+    return outputs[ref.key]

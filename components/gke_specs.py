@@ -1,0 +1,374 @@
+"""Pure deciders for the GKE cluster: config in, the exact pulumi-gcp arguments / documents out.
+
+`GcpGpuCluster` only turns these specs into resources. Argument names match pulumi-gcp 10.2.0
+(`pulumi_gcp/container/_inputs.py`, `pulumi_gcp/compute/_inputs.py`); the ComputeClass document
+matches the GKE `cloud.google.com/v1` ComputeClass CRD reference.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Any, Literal
+
+from components.catalog import load_catalog
+from components.cluster import GPU_TAINT, GPU_TOLERATION, POOL_LABEL, pool_node_labels
+from components.config import (
+    GKE_CRITICAL_PODS_GRACE_S,
+    GKE_DEFAULT_SPOT_NOTICE_S,
+    Environment,
+    GcpCluster,
+    GcpGpuPool,
+    KubeletNumaConfig,
+)
+
+PODS_RANGE = "pods"
+SERVICES_RANGE = "services"
+CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
+IMAGE_TYPE = "COS_CONTAINERD"
+COMPUTE_CLASS_LABEL = "cloud.google.com/compute-class"
+"""Node label and taint key GKE uses to tie nodes (and manually created node pools) to a ComputeClass."""
+FALLBACK_SUFFIX = "-od"
+GKE_REGIONAL_DEFAULT_ZONES = 3
+"""Zones a regional GKE cluster spreads a node pool over when `node_locations` is not set."""
+
+NODE_SA_ROLES = (
+    "roles/container.defaultNodeServiceAccount",
+    "roles/artifactregistry.reader",
+)
+"""Least privilege for node VMs: logs/metrics/metadata writer (the GKE node role) and image pulls."""
+
+_GKE_TAINT_EFFECT = {"NoSchedule": "NO_SCHEDULE", "PreferNoSchedule": "PREFER_NO_SCHEDULE", "NoExecute": "NO_EXECUTE"}
+
+
+# ------------------------------------------------------------------------------------------------
+# Names and labels
+# ------------------------------------------------------------------------------------------------
+
+
+def cluster_location(c: GcpCluster) -> str:
+    """Region for a regional control plane; the first GPU pool zone (or `<region>-a`) when zonal."""
+    if not c.zonal:
+        return c.region
+    for pool in c.gpu_pools:
+        if pool.zones:
+            return pool.zones[0]
+    return f"{c.region}-a"
+
+
+def node_pool_name(pool: GcpGpuPool, capacity: Literal["spot", "on-demand"]) -> str:
+    """GKE node pool name: the pool's own name for its primary capacity, `<name>-od` for the fallback."""
+    return pool.name if capacity == pool.capacity else f"{pool.name}{FALLBACK_SUFFIX}"
+
+
+def compute_class_name(pool: GcpGpuPool) -> str:
+    """ComputeClass names may not start with `gke` or `autopilot`; the prefix keeps ours clear of that."""
+    return f"gpuinfra-{pool.name}"
+
+
+def uses_compute_class(c: GcpCluster, pool: GcpGpuPool) -> bool:
+    return c.fallback_mode == "compute_class" and has_fallback(pool)
+
+
+def has_fallback(pool: GcpGpuPool) -> bool:
+    return pool.capacity == "spot" and pool.on_demand_fallback
+
+
+def gcp_labels(tags: dict[str, str]) -> dict[str, str]:
+    """Stack tags as GCP resource labels: lowercase, [a-z0-9_-], at most 63 characters."""
+
+    def clean(s: str) -> str:
+        return re.sub(r"[^a-z0-9_-]", "_", s.lower())[:63]
+
+    out = {}
+    for k, v in tags.items():
+        key = clean(k)
+        if not key or not key[0].isalpha():
+            key = f"t_{key}"[:63]
+        out[key] = clean(v)
+    return out
+
+
+def node_service_account_id(cluster_name: str) -> str:
+    """Service account ids are 6-30 characters, `[a-z]([-a-z0-9]*[a-z0-9])`."""
+    base = f"{cluster_name[:24].rstrip('-')}-nodes"
+    return base if len(base) >= 6 else f"{base}-sa"
+
+
+# ------------------------------------------------------------------------------------------------
+# Network
+# ------------------------------------------------------------------------------------------------
+
+
+def subnet_args(c: GcpCluster) -> dict[str, Any]:
+    n = c.network
+    return {
+        "name": f"{c.name}-nodes",
+        "project": c.project,
+        "region": c.region,
+        "ip_cidr_range": str(n.subnet_cidr),
+        "private_ip_google_access": True,
+        "secondary_ip_ranges": [
+            {"range_name": PODS_RANGE, "ip_cidr_range": str(n.pods_cidr)},
+            {"range_name": SERVICES_RANGE, "ip_cidr_range": str(n.services_cidr)},
+        ],
+    }
+
+
+def nat_args(c: GcpCluster) -> dict[str, Any]:
+    """Cloud NAT for the private nodes: image pulls and model downloads leave through it."""
+    return {
+        "name": f"{c.name}-nat",
+        "project": c.project,
+        "region": c.region,
+        "nat_ip_allocate_option": "AUTO_ONLY",
+        "source_subnetwork_ip_ranges_to_nat": "LIST_OF_SUBNETWORKS",
+        "enable_endpoint_independent_mapping": False,
+        "enable_dynamic_port_allocation": True,
+        "min_ports_per_vm": 256,
+        "max_ports_per_vm": 16384,
+        "log_config": {"enable": True, "filter": "ERRORS_ONLY"},
+    }
+
+
+# ------------------------------------------------------------------------------------------------
+# Cluster
+# ------------------------------------------------------------------------------------------------
+
+
+def master_authorized_networks(c: GcpCluster) -> dict[str, Any]:
+    """Who may reach the control plane: the configured CIDRs plus the node subnet, nothing public."""
+    blocks = [{"cidr_block": str(cidr), "display_name": f"authorized-{i}"} for i, cidr in enumerate(c.master_authorized_cidrs)]
+    subnet = str(c.network.subnet_cidr)
+    if subnet not in {b["cidr_block"] for b in blocks}:
+        blocks.append({"cidr_block": subnet, "display_name": "node-subnet"})
+    return {"cidr_blocks": blocks, "gcp_public_cidrs_access_enabled": False}
+
+
+def cluster_args(c: GcpCluster, environment: Environment, tags: dict[str, str]) -> dict[str, Any]:
+    """The `gcp.container.Cluster` arguments, minus the resource references (network, subnet, SA)."""
+    return {
+        "name": c.name,
+        "project": c.project,
+        "location": cluster_location(c),
+        "remove_default_node_pool": True,
+        "initial_node_count": 1,
+        "deletion_protection": environment == "prod",
+        "networking_mode": "VPC_NATIVE",
+        "ip_allocation_policy": {
+            "cluster_secondary_range_name": PODS_RANGE,
+            "services_secondary_range_name": SERVICES_RANGE,
+        },
+        # Dataplane V2: Google's managed Cilium (eBPF datapath and NetworkPolicy enforcement).
+        "datapath_provider": "ADVANCED_DATAPATH",
+        "private_cluster_config": {
+            "enable_private_nodes": True,
+            "enable_private_endpoint": c.private_endpoint,
+            "master_ipv4_cidr_block": str(c.network.master_cidr),
+            "master_global_access_config": {"enabled": True},
+        },
+        "master_authorized_networks_config": master_authorized_networks(c),
+        "workload_identity_config": {"workload_pool": f"{c.project}.svc.id.goog"},
+        "release_channel": {"channel": c.release_channel},
+        "enable_shielded_nodes": True,
+        "addons_config": {"gce_persistent_disk_csi_driver_config": {"enabled": True}},
+        "resource_labels": gcp_labels(tags),
+    }
+
+
+def hardened_node_config(tags: dict[str, str]) -> dict[str, Any]:
+    """Node settings every pool shares: Shielded VM, GKE metadata server (Workload Identity), COS."""
+    return {
+        "image_type": IMAGE_TYPE,
+        "oauth_scopes": [CLOUD_PLATFORM_SCOPE],
+        "shielded_instance_config": {"enable_secure_boot": True, "enable_integrity_monitoring": True},
+        "workload_metadata_config": {"mode": "GKE_METADATA"},
+        "metadata": {"disable-legacy-endpoints": "true"},
+        "resource_labels": gcp_labels(tags),
+    }
+
+
+def system_pool_args(c: GcpCluster, tags: dict[str, str]) -> dict[str, Any]:
+    """The system node pool (add-ons, Prometheus, controllers). Sizes are per zone."""
+    s = c.system_pool
+    return {
+        "name": "system",
+        "project": c.project,
+        "location": cluster_location(c),
+        "initial_node_count": s.min_nodes,
+        "autoscaling": {"min_node_count": s.min_nodes, "max_node_count": s.max_nodes},
+        "management": {"auto_repair": True, "auto_upgrade": True},
+        "node_config": {
+            **hardened_node_config(tags),
+            "machine_type": s.machine_type,
+            "disk_size_gb": 100,
+            "disk_type": "pd-balanced",
+            "labels": {"gpuinfra.io/role": "system"},
+            "kubelet_config": {"insecure_kubelet_readonly_port_enabled": "FALSE"},
+        },
+    }
+
+
+# ------------------------------------------------------------------------------------------------
+# GPU node pools
+# ------------------------------------------------------------------------------------------------
+
+
+def kubelet_config(numa: KubeletNumaConfig, capacity: str, preemption_notice_s: int) -> dict[str, Any]:
+    """Our NUMA kubelet settings as GKE's `kubelet_config`.
+
+    GKE takes the upstream kubelet spellings: `cpu_manager_policy` "static"|"none",
+    `topology_manager.policy` none|best-effort|restricted|single-numa-node and `.scope`
+    container|pod (GKE API TopologyManager), so the mapping is one to one.
+    The extended spot notice (GKE >= 1.35) is the kubelet's graceful-shutdown window; GKE only
+    accepts it on Spot/preemptible pools.
+    """
+    out: dict[str, Any] = {
+        "cpu_manager_policy": numa.cpu_manager_policy,
+        "topology_manager": {"policy": numa.topology_manager_policy, "scope": numa.topology_manager_scope},
+        "insecure_kubelet_readonly_port_enabled": "FALSE",
+    }
+    if capacity == "spot" and preemption_notice_s != GKE_DEFAULT_SPOT_NOTICE_S:
+        out["shutdown_grace_period_seconds"] = preemption_notice_s
+        out["shutdown_grace_period_critical_pods_seconds"] = GKE_CRITICAL_PODS_GRACE_S
+    return out
+
+
+def gke_taint(t: dict[str, str]) -> dict[str, str]:
+    """A Kubernetes taint in GKE's node-pool spelling (effect enum NO_SCHEDULE, ...)."""
+    return {"key": t["key"], "value": t["value"], "effect": _GKE_TAINT_EFFECT[t["effect"]]}
+
+
+def initial_node_count(pool: GcpGpuPool, zonal: bool) -> int:
+    """Nodes per zone at creation so the pool starts at `min_nodes` in total (0 for scale-from-zero)."""
+    if pool.min_nodes == 0:
+        return 0
+    zones = len(pool.zones) or (1 if zonal else GKE_REGIONAL_DEFAULT_ZONES)
+    return math.ceil(pool.min_nodes / zones)
+
+
+def gpu_node_pool_args(
+    c: GcpCluster,
+    pool: GcpGpuPool,
+    capacity: Literal["spot", "on-demand"],
+    tags: dict[str, str],
+) -> dict[str, Any]:
+    """One GKE node pool for `pool` at `capacity` (the primary pool or its on-demand fallback)."""
+    machine = load_catalog().gcp[pool.machine_type]
+    primary = capacity == pool.capacity
+    labels = pool_node_labels(pool.name, capacity, pool.labels)
+    taints = [gke_taint(GPU_TAINT)]
+    if uses_compute_class(c, pool):
+        cls = compute_class_name(pool)
+        labels[COMPUTE_CLASS_LABEL] = cls
+        taints.append(gke_taint({"key": COMPUTE_CLASS_LABEL, "value": cls, "effect": "NoSchedule"}))
+    args: dict[str, Any] = {
+        "name": node_pool_name(pool, capacity),
+        "project": c.project,
+        "location": cluster_location(c),
+        # The fallback starts empty; the autoscaler fills it only when spot cannot be had.
+        "initial_node_count": initial_node_count(pool, c.zonal) if primary else 0,
+        "autoscaling": {
+            # total_*: the bounds count nodes across all zones, like min_nodes/max_nodes on AWS.
+            "total_min_node_count": pool.min_nodes if primary else 0,
+            "total_max_node_count": pool.max_nodes,
+            # ANY picks whichever zone has capacity: GKE's recommendation for Spot VMs.
+            "location_policy": "ANY" if capacity == "spot" else "BALANCED",
+        },
+        "management": {"auto_repair": True, "auto_upgrade": True},
+        "node_config": {
+            **hardened_node_config(tags),
+            "machine_type": pool.machine_type,
+            "spot": capacity == "spot",
+            "guest_accelerators": [
+                {
+                    "type": machine.accelerator,
+                    "count": machine.gpu_count,
+                    "gpu_driver_installation_config": {"gpu_driver_version": pool.gpu_driver_version},
+                }
+            ],
+            "disk_size_gb": pool.disk_size_gb,
+            "disk_type": pool.disk_type,
+            "gvnic": {"enabled": True},
+            "labels": labels,
+            "taints": taints,
+            "kubelet_config": kubelet_config(pool.kubelet or c.kubelet, capacity, c.preemption_notice_s),
+        },
+    }
+    if pool.zones:
+        args["node_locations"] = list(pool.zones)
+    return args
+
+
+def node_pool_plan(c: GcpCluster) -> list[tuple[GcpGpuPool, Literal["spot", "on-demand"]]]:
+    """Every GKE GPU node pool to create: each configured pool, plus an on-demand twin for spot pools
+    with a fallback (both `fallback_mode`s use it: ComputeClass priorities name node pools)."""
+    plan: list[tuple[GcpGpuPool, Literal["spot", "on-demand"]]] = []
+    for pool in c.gpu_pools:
+        plan.append((pool, pool.capacity))
+        if has_fallback(pool):
+            plan.append((pool, "on-demand"))
+    return plan
+
+
+def compute_class_spec(c: GcpCluster, pool: GcpGpuPool) -> dict[str, Any]:
+    """A ComputeClass (cloud.google.com/v1) that scales the spot node pool first, then on-demand."""
+    return {
+        "priorities": [
+            {"nodepools": [node_pool_name(pool, "spot")]},
+            {"nodepools": [node_pool_name(pool, "on-demand")]},
+        ],
+        # Never fall back to an arbitrary (GPU-less) machine when neither pool can scale.
+        "whenUnsatisfiable": "DoNotScaleUp",
+        "nodePoolAutoCreation": {"enabled": False},
+        # Move replicas back to spot once it is available again (drained through the PDB).
+        "activeMigration": {"optimizeRulePriority": True},
+    }
+
+
+def pool_scheduling(c: GcpCluster, pool: GcpGpuPool) -> tuple[dict[str, str], tuple[dict[str, str], ...]]:
+    """Node selector and tolerations a workload on `pool` needs on this cluster."""
+    selector = {POOL_LABEL: pool.name}
+    tolerations: tuple[dict[str, str], ...] = (dict(GPU_TOLERATION),)
+    if uses_compute_class(c, pool):
+        cls = compute_class_name(pool)
+        selector[COMPUTE_CLASS_LABEL] = cls
+        tolerations += ({"key": COMPUTE_CLASS_LABEL, "operator": "Equal", "value": cls, "effect": "NoSchedule"},)
+    return selector, tolerations
+
+
+# ------------------------------------------------------------------------------------------------
+# Kubeconfig
+# ------------------------------------------------------------------------------------------------
+
+
+def gke_kubeconfig(context: str, endpoint: str, ca_certificate: str) -> str:
+    """A kubeconfig that authenticates through `gke-gcloud-auth-plugin` (no static credentials)."""
+    return json.dumps(
+        {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": context, "cluster": {"server": f"https://{endpoint}", "certificate-authority-data": ca_certificate}}],
+            "contexts": [{"name": context, "context": {"cluster": context, "user": context}}],
+            "current-context": context,
+            "users": [
+                {
+                    "name": context,
+                    "user": {
+                        "exec": {
+                            "apiVersion": "client.authentication.k8s.io/v1beta1",
+                            "command": "gke-gcloud-auth-plugin",
+                            "installHint": "Install gke-gcloud-auth-plugin: gcloud components install gke-gcloud-auth-plugin",
+                            "provideClusterInfo": True,
+                        }
+                    },
+                }
+            ],
+        }
+    )
+
+
+def pod_shutdown_grace_s(preemption_notice_s: int) -> int:
+    """Seconds regular pods get between the preemption notice and their kill (critical pods keep the rest)."""
+    return preemption_notice_s - GKE_CRITICAL_PODS_GRACE_S
