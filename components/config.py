@@ -524,6 +524,20 @@ class ObservabilityConfig(Base):
     prometheus_url: str = "http://kube-prometheus-stack-prometheus.monitoring.svc:9090"
     grafana_dashboards: bool = True
     alerts: AlertThresholds = AlertThresholds()
+    monitoring_namespace: Name = "monitoring"
+    """Where kube-prometheus-stack is installed (when install_prometheus_stack)."""
+    keda_namespace: Name = "keda"
+    """Where KEDA is installed (when install_keda)."""
+
+    @model_validator(mode="after")
+    def _url_matches_release(self):
+        want = f"http://{self.prometheus_release_label}-prometheus.{self.monitoring_namespace}.svc"
+        if self.install_prometheus_stack and not self.prometheus_url.startswith(want):
+            raise ValueError(
+                f"prometheus_url: '{self.prometheus_url}' is not the Prometheus this stack installs; "
+                f"allowed: {want}:9090 (or install_prometheus_stack: false)"
+            )
+        return self
 
 
 class Namespaces(Base):
@@ -534,7 +548,11 @@ class Namespaces(Base):
 
 
 Quantization = Literal["fp8", "awq", "awq_marlin", "gptq", "gptq_marlin", "compressed-tensors", "bitsandbytes"]
-KvCacheDtype = Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"]
+KvCacheDtype = Literal["auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2"]
+"""`--kv-cache-dtype` choices that exist in the pinned vLLM (and every release since 0.11)."""
+
+VLLM_IMAGE = "vllm/vllm-openai:v0.32.0"
+"""The pinned vLLM OpenAI server image (newest release whose exact tag could be verified)."""
 
 BYTES_PER_PARAM: dict[Optional[str], float] = {
     None: 2.0,  # bf16 / fp16
@@ -563,6 +581,15 @@ class VllmEngine(Base):
     shutdown_timeout_s: Optional[int] = Field(None, ge=0, le=3600)
     """Default: the model's `drain.max_request_s`."""
     port: Port = 8000
+    image: str = VLLM_IMAGE
+    """The vLLM OpenAI image; the flags are checked against VLLM_IMAGE's release."""
+
+    @field_validator("image")
+    @classmethod
+    def _image_pinned(cls, v: str) -> str:
+        if "@sha256:" not in v and (":" not in v.rsplit("/", 1)[-1] or v.endswith(":latest")):
+            raise ValueError("pin the image to a tag other than 'latest' or to a digest")
+        return v
 
     @property
     def gpus_per_replica(self) -> int:
@@ -594,6 +621,9 @@ class Drain(Base):
     spot_drain_budget_s: Optional[int] = Field(None, ge=1, le=600)
     """Seconds the spot drain may take. Default: the cloud's notice minus a 5 s margin."""
     termination_buffer_s: int = Field(10, ge=0, le=300)
+    readiness_settle_s: int = Field(5, ge=0, le=60)
+    """Time after readiness fails for endpoint removal to reach every proxy, before `running == 0`
+    is trusted; part of (not added to) prestop_timeout_s and the spot drain budget."""
     termination_grace_period_s: Optional[int] = Field(None, ge=1, le=7200)
     """Default: prestop_timeout_s + shutdown_timeout_s + termination_buffer_s."""
 
@@ -691,6 +721,18 @@ class ModelConfig(Base):
             )
         if self.overflow_to is not None and self.tier != "primary":
             raise ValueError("overflow_to: only allowed on a primary-tier model")
+        if self.drain.readiness_settle_s >= self.prestop_timeout_s:
+            raise ValueError(
+                f"drain.readiness_settle_s: {self.drain.readiness_settle_s} must be shorter than "
+                f"drain.prestop_timeout_s ({self.prestop_timeout_s})"
+            )
+        if self.autoscaling.enabled and self.autoscaling.mode == "hpa":
+            for i, p in enumerate(self.placements):
+                if p.min_replicas < 1:
+                    raise ValueError(
+                        f"placements[{i}].min_replicas: 0 needs autoscaling.mode keda (an HPA cannot "
+                        f"scale to zero); allowed: >= 1"
+                    )
         return self
 
 
