@@ -1,4 +1,5 @@
-"""PlatformAddons: the per-cluster namespaces and shared add-ons the platform layers need."""
+"""PlatformAddons: the per-cluster namespaces and the shared add-ons the platform layers need:
+KEDA and kube-prometheus-stack (pinned Helm releases, CRDs included) when enabled."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from components.config import Namespaces, ObservabilityConfig
+from components.serving_addons import KEDA_CHART, KEDA_RELEASE, KPS_CHART, ChartPin, keda_values, kps_values
 
 
 @dataclass(frozen=True)
@@ -21,10 +23,17 @@ class PlatformAddonsArgs:
 class PlatformAddons(pulumi.ComponentResource):
     system_namespace: pulumi.Output[str]
     serving_namespace: pulumi.Output[str]
+    prometheus_url: str
+    """Where the autoscaler queries vLLM's metrics."""
+    prometheus_release_label: str
+    """The `release` label ServiceMonitors and PrometheusRules need to be picked up."""
+    releases: dict[str, k8s.helm.v3.Release]
+    """The Helm releases installed here (`keda`, `kube-prometheus-stack`), by role."""
 
     def __init__(self, name: str, args: PlatformAddonsArgs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("gpuinfra:platform:PlatformAddons", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
+        o = args.observability
         ns = {}
         for role, ns_name in (("system", args.namespaces.system), ("serving", args.namespaces.serving)):
             ns[role] = k8s.core.v1.Namespace(
@@ -34,4 +43,43 @@ class PlatformAddons(pulumi.ComponentResource):
             )
         self.system_namespace = ns["system"].metadata.name
         self.serving_namespace = ns["serving"].metadata.name
-        self.register_outputs({"systemNamespace": self.system_namespace, "servingNamespace": self.serving_namespace})
+        self.prometheus_url = o.prometheus_url
+        self.prometheus_release_label = o.prometheus_release_label
+        self.releases = {}
+        if o.install_prometheus_stack:
+            self.releases["kube-prometheus-stack"] = self._release(
+                f"{name}-kube-prometheus-stack", KPS_CHART, o.prometheus_release_label,
+                o.monitoring_namespace, kps_values(o), child,
+            )
+        if o.install_keda:
+            self.releases["keda"] = self._release(
+                f"{name}-keda", KEDA_CHART, KEDA_RELEASE, o.keda_namespace, keda_values(), child
+            )
+        self.register_outputs(
+            {
+                "systemNamespace": self.system_namespace,
+                "servingNamespace": self.serving_namespace,
+                "prometheusUrl": self.prometheus_url,
+                "helmReleases": sorted(self.releases),
+            }
+        )
+
+    @staticmethod
+    def _release(
+        resource_name: str, pin: ChartPin, release: str, namespace: str, values: dict, opts: pulumi.ResourceOptions
+    ) -> k8s.helm.v3.Release:
+        return k8s.helm.v3.Release(
+            resource_name,
+            name=release,  # exact release name: the `release` label and service names derive from it
+            chart=pin.chart,
+            version=pin.version,
+            repository_opts=k8s.helm.v3.RepositoryOptsArgs(repo=pin.repo),
+            namespace=namespace,
+            create_namespace=True,
+            skip_crds=False,
+            atomic=True,
+            cleanup_on_fail=True,
+            timeout=900,
+            values=values,
+            opts=opts,
+        )

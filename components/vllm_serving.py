@@ -1,4 +1,11 @@
-"""VllmServing: one model's serving stack on one cluster's GPU pool. (Filled in by issue 5.)"""
+"""VllmServing: one model's serving stack on one cluster's GPU pool.
+
+Deployment (vLLM + the spot-drain native sidecar + the pre-warm initContainer), the tier Service
+and (primary tier) the shared per-served-model Service, a PDB, queue-depth autoscaling (KEDA or
+HPA), a ServiceMonitor, a PrometheusRule, a Grafana dashboard ConfigMap, the drain runtime
+ConfigMap and the HF token Secret. Every document comes from a decider in `serving_spec`,
+`serving_autoscale`, `alerts` or `dashboard`; this class only wires resources.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +13,36 @@ from dataclasses import dataclass
 from typing import Optional
 
 import pulumi
+import pulumi_kubernetes as k8s
 
+from components.alerts import prometheus_rule_spec
 from components.cluster import GpuPoolInfo
 from components.config import ModelConfig, ObservabilityConfig, Placement
+from components.dashboard import DASHBOARD_LABEL, dashboard_json
+from components.serving_autoscale import KEDA_API, hpa_spec, scaled_object_spec
+from components.serving_spec import (
+    DRAIN_PORT_NAME,
+    HF_TOKEN_KEY,
+    HTTP_PORT_NAME,
+    OVERFLOW_ANNOTATION,
+    deployment_spec,
+    object_labels,
+    owns_shared_service,
+    pdb_spec,
+    pvc_name,
+    pvc_spec,
+    runtime_configmap_name,
+    runtime_files,
+    selector_labels,
+    shared_service_name,
+    shared_service_spec,
+    startup_budget_s,
+    tier_service_annotations,
+    tier_service_spec,
+)
+
+OPENAI_BASE_PATH = "/v1"
+ROLE_LABEL = "gpuinfra.io/service-role"
 
 
 @dataclass(frozen=True)
@@ -22,11 +56,145 @@ class VllmServingArgs:
     hf_token: Optional[pulumi.Output[str]]
     observability: ObservabilityConfig
     labels: dict[str, str]
+    prometheus_url: Optional[str] = None
+    """Overrides observability.prometheus_url for the autoscaler (PlatformAddons.prometheus_url)."""
 
 
 class VllmServing(pulumi.ComponentResource):
+    service_name: str
+    service_url: pulumi.Output[str]
+    openai_base_path: str
+    metrics_url: pulumi.Output[str]
+    served_model_name: str
+    tier: str
+    shared_service_name: Optional[str]
+    deployment_name: str
+
     def __init__(self, name: str, args: VllmServingArgs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("gpuinfra:serving:VllmServing", name, None, opts)
-        m = args.model
-        self.service_url = pulumi.Output.concat("http://", m.name, ".", args.namespace, ".svc.cluster.local:", str(m.engine.port))
-        self.register_outputs({"serviceUrl": self.service_url})
+        child = pulumi.ResourceOptions(parent=self)
+        m, o = args.model, args.observability
+        ns = pulumi.Output.from_input(args.namespace)
+        labels = object_labels(m, args.labels)
+        app = m.name  # the Deployment, the tier Service and the Prometheus `job` share this name
+
+        def meta(obj_name: str, extra_labels: Optional[dict] = None, annotations: Optional[dict] = None):
+            return k8s.meta.v1.ObjectMetaArgs(
+                name=obj_name, namespace=ns, labels={**labels, **(extra_labels or {})}, annotations=annotations
+            )
+
+        runtime = runtime_files()
+        k8s.core.v1.ConfigMap(f"{name}-runtime", metadata=meta(runtime_configmap_name(app)), data=runtime, opts=child)
+
+        hf_secret = None
+        if args.hf_token is not None:
+            hf_secret = f"{app}-hf-token"
+            k8s.core.v1.Secret(
+                f"{name}-hf-token",
+                metadata=meta(hf_secret),
+                type="Opaque",
+                string_data={HF_TOKEN_KEY: pulumi.Output.secret(args.hf_token)},
+                opts=child,
+            )
+
+        if m.cache.kind == "pvc":
+            k8s.core.v1.PersistentVolumeClaim(f"{name}-model-cache", metadata=meta(pvc_name(app)), spec=pvc_spec(m), opts=child)
+
+        deployment = k8s.apps.v1.Deployment(
+            f"{name}-deployment",
+            metadata=meta(app, annotations={"pulumi.com/timeoutSeconds": str(startup_budget_s(m) + 600)}),
+            spec=deployment_spec(
+                m, app, args.placement, args.pool, args.cloud, args.spot_notice_s, hf_secret, args.labels, runtime
+            ),
+            opts=child,
+        )
+
+        k8s.core.v1.Service(
+            f"{name}-service",
+            metadata=meta(app, {ROLE_LABEL: "tier"}, tier_service_annotations(m)),
+            spec=tier_service_spec(m),
+            opts=child,
+        )
+        self.shared_service_name = None
+        if owns_shared_service(m):
+            self.shared_service_name = shared_service_name(m)
+            shared_labels = {k: v for k, v in labels.items() if k != "app.kubernetes.io/instance"}
+            ann = {OVERFLOW_ANNOTATION: m.overflow_to} if m.overflow_to else None
+            k8s.core.v1.Service(
+                f"{name}-shared-service",
+                metadata=k8s.meta.v1.ObjectMetaArgs(
+                    name=self.shared_service_name, namespace=ns,
+                    labels={**shared_labels, ROLE_LABEL: "shared"}, annotations=ann,
+                ),
+                spec=shared_service_spec(m),
+                opts=child,
+            )
+
+        k8s.policy.v1.PodDisruptionBudget(f"{name}-pdb", metadata=meta(app), spec=pdb_spec(m), opts=child)
+
+        if m.autoscaling.enabled:
+            if m.autoscaling.mode == "keda":
+                prom = args.prometheus_url or o.prometheus_url
+                k8s.apiextensions.CustomResource(
+                    f"{name}-scaledobject",
+                    api_version=KEDA_API,
+                    kind="ScaledObject",
+                    metadata=meta(app),
+                    spec=ns.apply(lambda n: scaled_object_spec(m, args.placement, app, n, prom)),
+                    opts=pulumi.ResourceOptions(parent=self, depends_on=[deployment]),
+                )
+            else:
+                k8s.autoscaling.v2.HorizontalPodAutoscaler(
+                    f"{name}-hpa", metadata=meta(app), spec=hpa_spec(m, args.placement, app), opts=child
+                )
+
+        release = {"release": o.prometheus_release_label}
+        k8s.apiextensions.CustomResource(
+            f"{name}-servicemonitor",
+            api_version="monitoring.coreos.com/v1",
+            kind="ServiceMonitor",
+            metadata=meta(app, release),
+            spec={
+                "selector": {"matchLabels": {**selector_labels(m), ROLE_LABEL: "tier"}},
+                "endpoints": [
+                    {"port": HTTP_PORT_NAME, "path": "/metrics", "interval": "15s", "scrapeTimeout": "10s"},
+                    {"port": DRAIN_PORT_NAME, "path": "/metrics", "interval": "15s", "scrapeTimeout": "5s"},
+                ],
+            },
+            opts=child,
+        )
+        k8s.apiextensions.CustomResource(
+            f"{name}-rules",
+            api_version="monitoring.coreos.com/v1",
+            kind="PrometheusRule",
+            metadata=meta(app, release),
+            spec=ns.apply(lambda n: prometheus_rule_spec(m, app, n, o.alerts)),
+            opts=child,
+        )
+        if o.grafana_dashboards:
+            k8s.core.v1.ConfigMap(
+                f"{name}-dashboard",
+                metadata=meta(f"{app}-dashboard", DASHBOARD_LABEL),
+                data=ns.apply(lambda n: {f"vllm-{app}.json": dashboard_json(m, app, n)}),
+                opts=child,
+            )
+
+        self.deployment_name = app
+        self.service_name = app
+        self.served_model_name = m.served_name
+        self.tier = m.tier
+        self.openai_base_path = OPENAI_BASE_PATH
+        base = pulumi.Output.concat("http://", app, ".", ns, ".svc.cluster.local:", str(m.engine.port))
+        self.service_url = base
+        self.metrics_url = pulumi.Output.concat(base, "/metrics")
+        self.register_outputs(
+            {
+                "serviceName": self.service_name,
+                "serviceUrl": self.service_url,
+                "openaiBasePath": self.openai_base_path,
+                "metricsUrl": self.metrics_url,
+                "servedModelName": self.served_model_name,
+                "tier": self.tier,
+                "sharedServiceName": self.shared_service_name,
+            }
+        )

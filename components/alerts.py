@@ -1,0 +1,86 @@
+"""Pure decider for one model's PrometheusRule: queue backlog, KV cache, TTFT p99, CUDA launch
+stalls (from the eBPF agent) and spot drains (from the drain sidecar's /metrics).
+
+Metric names are the ones the pinned versions export:
+- vLLM: `vllm:num_requests_waiting`, `vllm:kv_cache_usage_perc` (0-1; replaced
+  `vllm:gpu_cache_usage_perc`), `vllm:time_to_first_token_seconds` (histogram);
+- the eBPF agent (bpf/agent/metrics.py): `ebpf_cuda_call_enqueue_seconds` histogram, label
+  `call="cudaLaunchKernel"`, with the workload's `namespace`/`pod` labels;
+- the drain sidecar (components/runtime/drain.py): `gpuinfra_drain_in_progress{reason}`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from components.config import AlertThresholds, ModelConfig
+
+CUDA_METRIC = "ebpf_cuda_call_enqueue_seconds"
+CUDA_LAUNCH_CALL = "cudaLaunchKernel"
+DRAIN_METRIC = "gpuinfra_drain_in_progress"
+
+
+def _sel(namespace: str, job: str) -> str:
+    return f'namespace="{namespace}",job="{job}"'
+
+
+def alert_rules(m: ModelConfig, job: str, namespace: str, t: AlertThresholds) -> list[dict[str, Any]]:
+    sel = _sel(namespace, job)
+    labels = {"model": m.name, "tier": m.tier}
+
+    def rule(alert: str, expr: str, for_: str, severity: str, summary: str, description: str) -> dict[str, Any]:
+        return {
+            "alert": alert,
+            "expr": expr,
+            "for": for_,
+            "labels": {**labels, "severity": severity},
+            "annotations": {"summary": summary, "description": description},
+        }
+
+    return [
+        rule(
+            "VllmQueueBacklog",
+            f"avg(vllm:num_requests_waiting{{{sel}}}) > {t.queue_backlog}",
+            "5m", "warning",
+            f"{m.name}: more than {t.queue_backlog} requests waiting per replica",
+            "Requests are queueing in vLLM; the autoscaler is at max replicas or new replicas are not "
+            "becoming ready (GPU capacity, image pull, model load).",
+        ),
+        rule(
+            "VllmKvCacheNearlyFull",
+            f"max by (pod) (vllm:kv_cache_usage_perc{{{sel}}}) > {t.kv_cache_usage:g}",
+            "10m", "warning",
+            f"{m.name}: KV cache above {t.kv_cache_usage:.0%} on {{{{ $labels.pod }}}}",
+            "A full KV cache forces preemptions and recomputation; lower max_num_seqs or add replicas.",
+        ),
+        rule(
+            "VllmTtftP99High",
+            "histogram_quantile(0.99, sum by (le) (rate(vllm:time_to_first_token_seconds_bucket"
+            f"{{{sel}}}[5m]))) > {t.ttft_p99_seconds:g}",
+            "10m", "warning",
+            f"{m.name}: time-to-first-token p99 above {t.ttft_p99_seconds:g}s",
+            "Prefill is slow or requests queue before scheduling; check the queue and KV cache panels.",
+        ),
+        rule(
+            "CudaLaunchStall",
+            f'histogram_quantile(0.99, sum by (le, pod) (rate({CUDA_METRIC}_bucket{{call="{CUDA_LAUNCH_CALL}",'
+            f'namespace="{namespace}",pod=~"{job}-.*"}}[5m]))) > {t.cuda_launch_p99_seconds:g}',
+            "10m", "warning",
+            f"{m.name}: cudaLaunchKernel enqueue p99 above {t.cuda_launch_p99_seconds * 1e3:g} ms "
+            "on {{ $labels.pod }}",
+            "Host-side CUDA launch latency (eBPF uprobe, enqueue time not GPU time) is high: CPU "
+            "contention, NUMA misalignment or a throttled container.",
+        ),
+        rule(
+            "VllmSpotDrainStarted",
+            f'max by (pod) ({DRAIN_METRIC}{{{sel},reason="spot"}}) > 0',
+            "0m", "info",
+            f"{m.name}: spot notice on {{{{ $labels.pod }}}}, draining",
+            "The node got a spot interruption/preemption notice. The pod failed readiness and is "
+            "finishing its in-flight streams; a replacement is being scheduled.",
+        ),
+    ]
+
+
+def prometheus_rule_spec(m: ModelConfig, job: str, namespace: str, t: AlertThresholds) -> dict[str, Any]:
+    return {"groups": [{"name": f"vllm-{m.name}", "rules": alert_rules(m, job, namespace, t)}]}

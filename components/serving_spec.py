@@ -1,0 +1,436 @@
+"""Pure deciders for one model's serving objects: names, labels, the pod, the Deployment, the
+Services (per tier and shared per served model), the PDB and the runtime ConfigMap.
+
+Everything returns plain Kubernetes documents (camelCase, as `kubectl apply` takes them); the
+`VllmServing` component only turns them into resources.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from components.cluster import GpuPoolInfo
+from components.config import SPOT_NOTICE_MARGIN_S, ModelConfig, Placement
+from components.vllm_args import VLLM_COMMAND, vllm_args
+
+RUNTIME_DIR = Path(__file__).resolve().parent / "runtime"
+RUNTIME_FILES = ("drain.py", "prewarm.py")
+
+PYTHON_IMAGE = "python:3.11.17-slim-bookworm"
+"""Stock image the drain sidecar and the pre-warm initContainer run in (stdlib only)."""
+
+GPU_RESOURCE = "nvidia.com/gpu"
+HF_TOKEN_KEY = "HF_TOKEN"
+MODELS_MOUNT = "/models"
+HF_HOME = f"{MODELS_MOUNT}/hf"
+RUNTIME_MOUNT = "/opt/gpuinfra"
+DRAIN_MOUNT = "/run/gpuinfra"
+DRAIN_FLAG = f"{DRAIN_MOUNT}/draining"
+DRAIN_PORT_NAME = "drain"
+HTTP_PORT_NAME = "http"
+SIDECAR_CPU = "100m"
+SIDECAR_MEMORY = "64Mi"
+METADATA_PROVIDERS = {"aws": "aws", "gcp": "gcp", "existing": "aws,gcp"}
+"""Which metadata services the sidecar polls, by cluster kind (existing: both; a miss is harmless)."""
+
+TIER_LABEL = "gpuinfra.io/tier"
+MODEL_LABEL = "gpuinfra.io/model"
+SERVED_LABEL = "gpuinfra.io/served-model"
+OVERFLOW_ANNOTATION = "gpuinfra.io/overflow-to"
+
+
+# --------------------------------------------------------------------------------------------
+# Names and labels
+# --------------------------------------------------------------------------------------------
+
+
+def dns_label(value: str, max_len: int = 63) -> str:
+    """A DNS-1035 label from any string (a served model name may hold '/', '.', capitals)."""
+    s = re.sub(r"[^a-z0-9-]+", "-", value.lower()).strip("-")
+    s = re.sub(r"-{2,}", "-", s)
+    if not s or not s[0].isalpha():
+        s = f"m-{s}"
+    return s[:max_len].rstrip("-")
+
+
+def served_slug(m: ModelConfig) -> str:
+    return dns_label(m.served_name, 59)
+
+
+def shared_service_name(m: ModelConfig) -> str:
+    """The Service that selects every tier of a served model (`<served>-all`)."""
+    return f"{served_slug(m)}-all"
+
+
+def selector_labels(m: ModelConfig) -> dict[str, str]:
+    return {"app.kubernetes.io/name": "vllm", "app.kubernetes.io/instance": m.name}
+
+
+def object_labels(m: ModelConfig, base: dict[str, str]) -> dict[str, str]:
+    return {
+        **base,
+        **selector_labels(m),
+        "app.kubernetes.io/component": "inference",
+        MODEL_LABEL: m.name,
+        TIER_LABEL: m.tier,
+        SERVED_LABEL: served_slug(m),
+    }
+
+
+def drain_port(m: ModelConfig) -> int:
+    return 8091 if m.engine.port == 8090 else 8090
+
+
+# --------------------------------------------------------------------------------------------
+# Timing
+# --------------------------------------------------------------------------------------------
+
+
+def startup_budget_s(m: ModelConfig) -> int:
+    """How long the startup probe lets a replica download/load weights and compile graphs."""
+    return int(min(max(600, 300 + 15 * m.weights_gib), 3600))
+
+
+@dataclass(frozen=True)
+class ProbeTiming:
+    period_s: int
+    failure_threshold: int
+
+
+def startup_probe_timing(m: ModelConfig) -> ProbeTiming:
+    period = 10
+    return ProbeTiming(period, math.ceil(startup_budget_s(m) / period))
+
+
+def spot_drain_budget(m: ModelConfig, spot_notice_s: int) -> int:
+    """Seconds the sidecar may drain after a spot notice (same rule as `config.spot_drain_budget_s`)."""
+    if m.drain.spot_drain_budget_s is not None:
+        return m.drain.spot_drain_budget_s
+    return max(spot_notice_s - SPOT_NOTICE_MARGIN_S, 0)
+
+
+# --------------------------------------------------------------------------------------------
+# The pod
+# --------------------------------------------------------------------------------------------
+
+
+def hf_cache_dir(m: ModelConfig) -> str:
+    """Where huggingface_hub keeps the repo under HF_HOME (`hub/models--org--name`)."""
+    return f"{HF_HOME}/hub/models--{m.model.replace('/', '--')}"
+
+
+def prewarm_budget_bytes(m: ModelConfig) -> int:
+    """Page cache the pre-warm may fill: it is charged to the pod's memory limit, minus /dev/shm."""
+    return int(0.8 * (m.resources.memory_gib - m.shm_size_gib) * 2**30)
+
+
+def node_affinity(pool: GpuPoolInfo) -> dict[str, Any]:
+    exprs = [{"key": k, "operator": "In", "values": [v]} for k, v in sorted(pool.node_selector.items())]
+    return {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": exprs}]}
+        }
+    }
+
+
+def topology_spread(m: ModelConfig) -> list[dict[str, Any]]:
+    """Spread replicas over nodes (hard: one spot reclaim must not take two) and zones (soft)."""
+    sel = {"matchLabels": selector_labels(m)}
+    return [
+        {
+            "maxSkew": 1,
+            "topologyKey": "kubernetes.io/hostname",
+            "whenUnsatisfiable": "DoNotSchedule",
+            "labelSelector": sel,
+            "matchLabelKeys": ["pod-template-hash"],
+        },
+        {
+            "maxSkew": 1,
+            "topologyKey": "topology.kubernetes.io/zone",
+            "whenUnsatisfiable": "ScheduleAnyway",
+            "labelSelector": sel,
+            "matchLabelKeys": ["pod-template-hash"],
+        },
+    ]
+
+
+def volumes(m: ModelConfig, name: str) -> list[dict[str, Any]]:
+    if m.cache.kind == "host_path":
+        cache = {"name": "model-cache", "hostPath": {"path": m.cache.host_path, "type": "DirectoryOrCreate"}}
+    else:
+        cache = {"name": "model-cache", "persistentVolumeClaim": {"claimName": pvc_name(name)}}
+    return [
+        {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{m.shm_size_gib}Gi"}},
+        cache,
+        {"name": "runtime", "configMap": {"name": runtime_configmap_name(name), "defaultMode": 0o555}},
+        {"name": "drain", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
+    ]
+
+
+def _drain_env(m: ModelConfig) -> list[dict[str, Any]]:
+    return [
+        {"name": "DRAIN_FLAG", "value": DRAIN_FLAG},
+        {"name": "VLLM_METRICS_URL", "value": f"http://127.0.0.1:{m.engine.port}/metrics"},
+        {"name": "SETTLE_S", "value": str(m.drain.readiness_settle_s)},
+        {"name": "POLL_INTERVAL_S", "value": "1"},
+        {"name": "HTTP_TIMEOUT_S", "value": "2"},
+    ]
+
+
+def _restricted(run_as_root: bool = False) -> dict[str, Any]:
+    sc: dict[str, Any] = {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    if not run_as_root:
+        sc.update({"runAsNonRoot": True, "runAsUser": 65534, "runAsGroup": 65534, "readOnlyRootFilesystem": True})
+    return sc
+
+
+def vllm_container(m: ModelConfig, hf_secret: Optional[str]) -> dict[str, Any]:
+    e = m.engine
+    gpus = str(e.gpus_per_replica)
+    res = {"cpu": str(m.resources.cpu), "memory": f"{m.resources.memory_gib}Gi", GPU_RESOURCE: gpus}
+    env: list[dict[str, Any]] = [
+        {"name": "HF_HOME", "value": HF_HOME},
+        {"name": "VLLM_NO_USAGE_STATS", "value": "1"},
+    ]
+    if hf_secret is not None:
+        env.append(
+            {"name": HF_TOKEN_KEY, "valueFrom": {"secretKeyRef": {"name": hf_secret, "key": HF_TOKEN_KEY}}}
+        )
+    env += _drain_env(m) + [{"name": "PRESTOP_TIMEOUT_S", "value": str(m.prestop_timeout_s)}]
+    st = startup_probe_timing(m)
+    return {
+        "name": "vllm",
+        "image": e.image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": list(VLLM_COMMAND),
+        "args": vllm_args(m),
+        "ports": [{"name": HTTP_PORT_NAME, "containerPort": e.port, "protocol": "TCP"}],
+        "env": env,
+        "resources": {"requests": dict(res), "limits": dict(res)},
+        "volumeMounts": [
+            {"name": "shm", "mountPath": "/dev/shm"},
+            {"name": "model-cache", "mountPath": MODELS_MOUNT},
+            {"name": "runtime", "mountPath": RUNTIME_MOUNT, "readOnly": True},
+            {"name": "drain", "mountPath": DRAIN_MOUNT},
+        ],
+        "startupProbe": {
+            "httpGet": {"path": "/health", "port": HTTP_PORT_NAME},
+            "periodSeconds": st.period_s,
+            "timeoutSeconds": 5,
+            "failureThreshold": st.failure_threshold,
+        },
+        "readinessProbe": {
+            "httpGet": {"path": "/health", "port": HTTP_PORT_NAME},
+            "periodSeconds": 5,
+            "timeoutSeconds": 3,
+            "successThreshold": 1,
+            "failureThreshold": 2,
+        },
+        # TCP, not /health: /health answers 503 while vLLM drains on SIGTERM, and a liveness kill
+        # mid-drain would cut the streams the drain exists to keep.
+        "livenessProbe": {
+            "tcpSocket": {"port": HTTP_PORT_NAME},
+            "periodSeconds": 15,
+            "timeoutSeconds": 5,
+            "failureThreshold": 4,
+        },
+        "lifecycle": {"preStop": {"exec": {"command": ["python3", f"{RUNTIME_MOUNT}/drain.py", "prestop"]}}},
+        "securityContext": _restricted(run_as_root=True),
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+
+
+def drain_sidecar(m: ModelConfig, pool: GpuPoolInfo, cloud: str, spot_notice_s: int) -> dict[str, Any]:
+    """A native sidecar (restartable initContainer): it outlives the vLLM container on shutdown."""
+    port = drain_port(m)
+    providers = METADATA_PROVIDERS.get(cloud, "aws,gcp") if pool.capacity == "spot" and spot_notice_s > 0 else ""
+    res = {"cpu": SIDECAR_CPU, "memory": SIDECAR_MEMORY}
+    return {
+        "name": "spot-drain",
+        "image": PYTHON_IMAGE,
+        "imagePullPolicy": "IfNotPresent",
+        "restartPolicy": "Always",
+        "command": ["python3", f"{RUNTIME_MOUNT}/drain.py", "watch"],
+        "ports": [{"name": DRAIN_PORT_NAME, "containerPort": port, "protocol": "TCP"}],
+        "env": _drain_env(m)
+        + [
+            {"name": "READY_PORT", "value": str(port)},
+            {"name": "SPOT_PROVIDERS", "value": providers},
+            {"name": "DRAIN_BUDGET_S", "value": str(spot_drain_budget(m, spot_notice_s))},
+            {"name": "PYTHONDONTWRITEBYTECODE", "value": "1"},
+        ],
+        "resources": {"requests": dict(res), "limits": dict(res)},
+        "volumeMounts": [
+            {"name": "runtime", "mountPath": RUNTIME_MOUNT, "readOnly": True},
+            {"name": "drain", "mountPath": DRAIN_MOUNT},
+        ],
+        # The readiness gate the drain flips: the pod leaves the endpoints within ~1 s.
+        "readinessProbe": {
+            "httpGet": {"path": "/ready", "port": DRAIN_PORT_NAME},
+            "periodSeconds": 1,
+            "timeoutSeconds": 1,
+            "successThreshold": 1,
+            "failureThreshold": 1,
+        },
+        "livenessProbe": {
+            "httpGet": {"path": "/healthz", "port": DRAIN_PORT_NAME},
+            "periodSeconds": 10,
+            "timeoutSeconds": 2,
+            "failureThreshold": 3,
+        },
+        "securityContext": _restricted(),
+    }
+
+
+def prewarm_container(m: ModelConfig) -> dict[str, Any]:
+    # Memory == the vLLM container's minus /dev/shm: the warmed pages are charged here first and
+    # must fit; the pod's effective request (max of init, sum of app containers) does not grow.
+    res = {"cpu": str(min(m.resources.cpu, 4)), "memory": f"{m.resources.memory_gib - m.shm_size_gib}Gi"}
+    return {
+        "name": "prewarm",
+        "image": PYTHON_IMAGE,
+        "imagePullPolicy": "IfNotPresent",
+        "command": [
+            "python3", f"{RUNTIME_MOUNT}/prewarm.py", hf_cache_dir(m),
+            "--budget-bytes", str(prewarm_budget_bytes(m)),
+            "--workers", str(min(m.resources.cpu, 4) * 2),
+        ],
+        "env": [{"name": "PYTHONDONTWRITEBYTECODE", "value": "1"}],
+        "resources": {"requests": dict(res), "limits": dict(res)},
+        "volumeMounts": [
+            {"name": "model-cache", "mountPath": MODELS_MOUNT, "readOnly": True},
+            {"name": "runtime", "mountPath": RUNTIME_MOUNT, "readOnly": True},
+        ],
+        "securityContext": _restricted(),
+    }
+
+
+def pod_spec(
+    m: ModelConfig, name: str, pool: GpuPoolInfo, cloud: str, spot_notice_s: int, hf_secret: Optional[str]
+) -> dict[str, Any]:
+    init = [drain_sidecar(m, pool, cloud, spot_notice_s)]
+    if m.cache.prewarm:
+        init.append(prewarm_container(m))
+    return {
+        "terminationGracePeriodSeconds": m.termination_grace_period_s,
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+        "affinity": node_affinity(pool),
+        "tolerations": [dict(t) for t in pool.tolerations],
+        "topologySpreadConstraints": topology_spread(m),
+        "initContainers": init,
+        "containers": [vllm_container(m, hf_secret)],
+        "volumes": volumes(m, name),
+    }
+
+
+def runtime_hash(files: dict[str, str]) -> str:
+    h = hashlib.sha256()
+    for k in sorted(files):
+        h.update(k.encode() + b"\0" + files[k].encode() + b"\0")
+    return h.hexdigest()[:16]
+
+
+def deployment_spec(
+    m: ModelConfig,
+    name: str,
+    placement: Placement,
+    pool: GpuPoolInfo,
+    cloud: str,
+    spot_notice_s: int,
+    hf_secret: Optional[str],
+    labels: dict[str, str],
+    runtime: dict[str, str],
+) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "selector": {"matchLabels": selector_labels(m)},
+        "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
+        "revisionHistoryLimit": 5,
+        "progressDeadlineSeconds": startup_budget_s(m) + 600,
+        "template": {
+            "metadata": {
+                "labels": object_labels(m, labels),
+                "annotations": {"gpuinfra.io/runtime-hash": runtime_hash(runtime)},
+            },
+            "spec": pod_spec(m, name, pool, cloud, spot_notice_s, hf_secret),
+        },
+    }
+    if not m.autoscaling.enabled:
+        # Otherwise the autoscaler owns replicas; setting it here would reset them on every update.
+        spec["replicas"] = placement.min_replicas
+    return spec
+
+
+# --------------------------------------------------------------------------------------------
+# Services, PDB, ConfigMap
+# --------------------------------------------------------------------------------------------
+
+
+def service_ports(m: ModelConfig) -> list[dict[str, Any]]:
+    return [
+        {"name": HTTP_PORT_NAME, "port": m.engine.port, "targetPort": HTTP_PORT_NAME, "protocol": "TCP"},
+        {"name": DRAIN_PORT_NAME, "port": drain_port(m), "targetPort": DRAIN_PORT_NAME, "protocol": "TCP"},
+    ]
+
+
+def tier_service_spec(m: ModelConfig) -> dict[str, Any]:
+    """The Service for this model entry (one tier): what its ServiceMonitor and autoscaler watch."""
+    return {"type": "ClusterIP", "selector": selector_labels(m), "ports": service_ports(m)}
+
+
+def tier_service_annotations(m: ModelConfig) -> dict[str, str]:
+    ann = {TIER_LABEL: m.tier, SERVED_LABEL: m.served_name}
+    if m.overflow_to is not None:
+        ann[OVERFLOW_ANNOTATION] = m.overflow_to
+    return ann
+
+
+def shared_service_spec(m: ModelConfig) -> dict[str, Any]:
+    """Every ready replica of the served model, any tier (created by the primary tier's entry)."""
+    return {
+        "type": "ClusterIP",
+        "selector": {"app.kubernetes.io/name": "vllm", SERVED_LABEL: served_slug(m)},
+        "ports": [{"name": HTTP_PORT_NAME, "port": m.engine.port, "targetPort": HTTP_PORT_NAME, "protocol": "TCP"}],
+    }
+
+
+def owns_shared_service(m: ModelConfig) -> bool:
+    return m.tier == "primary"
+
+
+def pdb_spec(m: ModelConfig) -> dict[str, Any]:
+    # maxUnavailable 1 never blocks a node drain forever; AlwaysAllow lets a broken pod be evicted.
+    return {"maxUnavailable": 1, "selector": {"matchLabels": selector_labels(m)}, "unhealthyPodEvictionPolicy": "AlwaysAllow"}
+
+
+def pvc_name(name: str) -> str:
+    return f"{name}-model-cache"
+
+
+def pvc_spec(m: ModelConfig) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "accessModes": ["ReadWriteMany"],  # every replica, on any node, shares one cache
+        "resources": {"requests": {"storage": f"{m.cache.pvc_size_gib}Gi"}},
+    }
+    if m.cache.storage_class is not None:
+        spec["storageClassName"] = m.cache.storage_class
+    return spec
+
+
+def runtime_configmap_name(name: str) -> str:
+    return f"{name}-drain-runtime"
+
+
+def runtime_files() -> dict[str, str]:
+    """The stdlib scripts the pod runs, shipped in a ConfigMap."""
+    return {f: (RUNTIME_DIR / f).read_text() for f in RUNTIME_FILES}

@@ -1,0 +1,223 @@
+"""Serving deciders on their own: pod shape, spread, services, autoscaling, alerts, dashboard,
+pre-warm."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from components.alerts import CUDA_LAUNCH_CALL, CUDA_METRIC, alert_rules, prometheus_rule_spec
+from components.cluster import GPU_TOLERATION, GpuPoolInfo
+from components.config import AlertThresholds, ModelConfig
+from components.dashboard import DASHBOARD_LABEL, dashboard
+from components.serving_autoscale import hpa_spec, scaled_object_spec
+from components.serving_spec import (
+    PYTHON_IMAGE,
+    dns_label,
+    drain_sidecar,
+    node_affinity,
+    pod_spec,
+    prewarm_budget_bytes,
+    runtime_files,
+    served_slug,
+    shared_service_spec,
+    spot_drain_budget,
+    startup_probe_timing,
+    tier_service_spec,
+    topology_spread,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+POOL = GpuPoolInfo(
+    name="h100", capacity="spot", on_demand_fallback=True, gpu_model="H100", gpus_per_node=8,
+    node_selector={"gpuinfra.io/pool": "h100"}, tolerations=(dict(GPU_TOLERATION),),
+)
+
+
+def model(**kw) -> ModelConfig:
+    base = {
+        "name": "llama",
+        "model": "meta-llama/Llama-3.3-70B-Instruct",
+        "served_model_name": "llama-3.3-70b",
+        "params_billion": 70,
+        "engine": {"tensor_parallel_size": 4, "quantization": "fp8"},
+        "resources": {"cpu": 32, "memory_gib": 320, "shm_size_gib": 32},
+        "placements": [{"cluster": "c", "pool": "h100", "min_replicas": 1, "max_replicas": 4}],
+    }
+    base.update(kw)
+    return ModelConfig.model_validate(base)
+
+
+def test_python_image_is_pinned():
+    assert re.fullmatch(r"python:3\.11\.\d+-slim-bookworm", PYTHON_IMAGE)
+
+
+def test_pod_is_guaranteed_and_pins_whole_cpus():
+    spec = pod_spec(model(), "llama", POOL, "aws", 120, "llama-hf-token")
+    for c in spec["containers"] + spec["initContainers"]:
+        r = c["resources"]
+        assert r["requests"] == r["limits"], c["name"]
+        assert {"cpu", "memory"} <= set(r["requests"]), c["name"]
+    vllm = spec["containers"][0]
+    assert vllm["resources"]["limits"]["nvidia.com/gpu"] == "4"
+    assert vllm["resources"]["limits"]["cpu"] == "32"
+
+
+def test_affinity_and_tolerations_follow_the_pool():
+    aff = node_affinity(POOL)
+    term = aff["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]
+    assert term["matchExpressions"] == [{"key": "gpuinfra.io/pool", "operator": "In", "values": ["h100"]}]
+    spec = pod_spec(model(), "llama", POOL, "aws", 120, None)
+    assert spec["tolerations"] == [GPU_TOLERATION]
+
+
+def test_spread_is_hard_across_nodes_and_soft_across_zones():
+    keys = {c["topologyKey"]: c["whenUnsatisfiable"] for c in topology_spread(model())}
+    assert keys == {"kubernetes.io/hostname": "DoNotSchedule", "topology.kubernetes.io/zone": "ScheduleAnyway"}
+
+
+def test_sidecar_polls_only_on_spot_and_gets_the_cloud_budget():
+    env = lambda c: {e["name"]: e["value"] for e in c["env"]}  # noqa: E731
+    aws = env(drain_sidecar(model(), POOL, "aws", 120))
+    assert aws["SPOT_PROVIDERS"] == "aws" and aws["DRAIN_BUDGET_S"] == "115"
+    gcp = env(drain_sidecar(model(drain={"max_request_s": 20}), POOL, "gcp", 30))
+    assert gcp["SPOT_PROVIDERS"] == "gcp" and gcp["DRAIN_BUDGET_S"] == "25"
+    od = GpuPoolInfo(**{**POOL.__dict__, "capacity": "on-demand"})
+    assert env(drain_sidecar(model(), od, "aws", 120))["SPOT_PROVIDERS"] == ""
+    assert spot_drain_budget(model(drain={"max_request_s": 20, "spot_drain_budget_s": 22}), 30) == 22
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.floats(1, 2000))
+def test_startup_probe_allows_long_loads_and_stays_bounded(params):
+    m = model(params_billion=params, engine={"tensor_parallel_size": 1},
+              resources={"cpu": 8, "memory_gib": 64}, min_kv_cache_gib=1)
+    t = startup_probe_timing(m)
+    budget = t.period_s * t.failure_threshold
+    assert 600 <= budget <= 3600 + t.period_s
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(min_size=1, max_size=120))
+def test_dns_label_is_always_a_valid_service_name(s):
+    label = dns_label(s)
+    assert re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", label), label
+    assert len(label) <= 63
+
+
+def test_prewarm_budget_leaves_room_for_shm():
+    m = model()
+    assert prewarm_budget_bytes(m) == int(0.8 * (320 - 32) * 2**30)
+
+
+def test_services_tier_and_shared():
+    m = model()
+    assert tier_service_spec(m)["selector"] == {"app.kubernetes.io/name": "vllm", "app.kubernetes.io/instance": "llama"}
+    assert shared_service_spec(m)["selector"] == {"app.kubernetes.io/name": "vllm", "gpuinfra.io/served-model": served_slug(m)}
+    assert served_slug(m) == "llama-3-3-70b"
+
+
+def test_scaled_object_scales_on_waiting_requests_within_placement_bounds():
+    m = model(autoscaling={"target_queue_depth": 4})
+    so = scaled_object_spec(m, m.placements[0], "llama", "llm-serving", "http://p:9090")
+    assert so["minReplicaCount"] == 1 and so["maxReplicaCount"] == 4
+    assert so["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "llama"}
+    (t,) = so["triggers"]
+    assert t["type"] == "prometheus"
+    assert t["metadata"]["query"] == 'sum(vllm:num_requests_waiting{namespace="llm-serving",job="llama"})'
+    assert t["metadata"]["threshold"] == "4" and t["metadata"]["serverAddress"] == "http://p:9090"
+
+
+def test_economy_tier_also_scales_on_the_served_model_backlog():
+    m = model(tier="economy", name="llama-eco")
+    so = scaled_object_spec(m, m.placements[0], "llama-eco", "ns", "http://p:9090")
+    assert [t["name"] for t in so["triggers"]] == ["queue", "overflow"]
+    assert 'model_name="llama-3.3-70b"' in so["triggers"][1]["metadata"]["query"]
+
+
+def test_hpa_fallback_uses_an_external_metric():
+    m = model(autoscaling={"mode": "hpa"})
+    h = hpa_spec(m, m.placements[0], "llama")
+    assert h["minReplicas"] == 1 and h["maxReplicas"] == 4
+    (metric,) = h["metrics"]
+    assert metric["type"] == "External"
+    assert metric["external"]["target"] == {"type": "AverageValue", "averageValue": "5"}
+
+
+def test_alerts_cover_every_required_signal():
+    rules = alert_rules(model(), "llama", "llm-serving", AlertThresholds(queue_backlog=20, ttft_p99_seconds=2.5))
+    by = {r["alert"]: r for r in rules}
+    assert set(by) == {"VllmQueueBacklog", "VllmKvCacheNearlyFull", "VllmTtftP99High", "CudaLaunchStall", "VllmSpotDrainStarted"}
+    assert "vllm:num_requests_waiting" in by["VllmQueueBacklog"]["expr"] and "> 20" in by["VllmQueueBacklog"]["expr"]
+    assert "vllm:kv_cache_usage_perc" in by["VllmKvCacheNearlyFull"]["expr"]
+    assert "gpu_cache_usage_perc" not in json.dumps(rules)
+    assert "histogram_quantile(0.99" in by["VllmTtftP99High"]["expr"]
+    assert "vllm:time_to_first_token_seconds_bucket" in by["VllmTtftP99High"]["expr"] and "> 2.5" in by["VllmTtftP99High"]["expr"]
+    assert f'{CUDA_METRIC}_bucket{{call="{CUDA_LAUNCH_CALL}"' in by["CudaLaunchStall"]["expr"]
+    assert 'gpuinfra_drain_in_progress{namespace="llm-serving",job="llama",reason="spot"}' in by["VllmSpotDrainStarted"]["expr"]
+    for r in rules:
+        assert set(r) == {"alert", "expr", "for", "labels", "annotations"}, r["alert"]
+        assert r["labels"]["severity"] in {"info", "warning", "critical"}
+
+
+def test_cuda_metric_is_the_one_the_ebpf_agent_exports():
+    agent = (ROOT / "bpf" / "agent" / "metrics.py").read_text()
+    assert f'"{CUDA_METRIC}"' in agent
+    assert CUDA_LAUNCH_CALL in (ROOT / "bpf" / "cudalat.bpf.c").read_text() + agent
+
+
+def test_rule_groups_have_names():
+    spec = prometheus_rule_spec(model(), "llama", "ns", AlertThresholds())
+    assert spec["groups"][0]["name"] == "vllm-llama" and len(spec["groups"][0]["rules"]) == 5
+
+
+def test_dashboard_covers_the_required_panels():
+    d = dashboard(model(), "llama", "llm-serving")
+    exprs = " ".join(t["expr"] for p in d["panels"] for t in p["targets"])
+    for metric in ("vllm:time_to_first_token_seconds_bucket", "vllm:inter_token_latency_seconds_bucket",
+                   "vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc",
+                   f"{CUDA_METRIC}_bucket", "ebpf_tcp_send_backpressure_total", "gpuinfra_drain_in_progress"):
+        assert metric in exprs, metric
+    assert len({p["id"] for p in d["panels"]}) == len(d["panels"])
+    assert DASHBOARD_LABEL == {"grafana_dashboard": "1"}
+    json.dumps(d)
+
+
+def test_runtime_ships_both_scripts():
+    files = runtime_files()
+    assert set(files) == {"drain.py", "prewarm.py"}
+    for name, text in files.items():
+        imports = re.findall(r"^(?:from|import) ([a-z_.]+)", text, re.M)
+        assert all(i.split(".")[0] in sys.stdlib_module_names or i == "__future__" for i in imports), (name, imports)
+
+
+def test_prewarm_reads_weight_files_within_budget(tmp_path):
+    snap = tmp_path / "hub" / "models--org--m" / "snapshots" / "abc"
+    blobs = tmp_path / "hub" / "models--org--m" / "blobs"
+    snap.mkdir(parents=True)
+    blobs.mkdir()
+    for name, size in (("a", 3 << 20), ("b", 5 << 20), ("cfg", 100)):
+        (blobs / name).write_bytes(b"x" * size)
+    (snap / "model-00001.safetensors").symlink_to(blobs / "a")
+    (snap / "model-00002.safetensors").symlink_to(blobs / "b")
+    (snap / "config.json").symlink_to(blobs / "cfg")
+    (snap / "dangling.safetensors").symlink_to(blobs / "missing")
+    script = ROOT / "components" / "runtime" / "prewarm.py"
+    out = subprocess.run([sys.executable, str(script), str(tmp_path / "hub" / "models--org--m")],
+                         capture_output=True, text=True, timeout=30)
+    rep = json.loads(out.stdout)
+    assert out.returncode == 0 and rep["files"] == 2 and rep["bytes"] == 8 << 20, rep
+    out = subprocess.run([sys.executable, str(script), str(tmp_path / "hub" / "models--org--m"),
+                          "--budget-bytes", str(4 << 20)], capture_output=True, text=True, timeout=30)
+    rep = json.loads(out.stdout)
+    assert rep["files"] == 1 and rep["bytes"] == 3 << 20 and rep["skipped"] == 1, rep
+    out = subprocess.run([sys.executable, str(script), str(tmp_path / "nope")], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0 and json.loads(out.stdout)["files"] == 0
