@@ -10,7 +10,8 @@ import re
 from decimal import Decimal, InvalidOperation
 from functools import cache
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Optional
+from collections.abc import Mapping, Sequence
+from typing import Any, Iterator, Optional
 
 import yaml
 from pulumi_policy import PolicyConfigSchema
@@ -84,12 +85,17 @@ def environment(config: Mapping[str, Any]) -> str:
 # ---- tolerant access -------------------------------------------------------------------------
 
 
+def is_seq(value: Any) -> bool:
+    """A list-like value; under the CLI lists arrive as pulumi_policy's `_ListProxy` (a Sequence)."""
+    return isinstance(value, Sequence) and not isinstance(value, (str, bytes))
+
+
 def dig(obj: Any, *path: Any) -> Any:
     """`obj[p0][p1]...`, or None when any step is missing or has the wrong shape."""
     cur = obj
     for p in path:
         if isinstance(p, int):
-            if not isinstance(cur, (list, tuple)) or not -len(cur) <= p < len(cur):
+            if not is_seq(cur) or not -len(cur) <= p < len(cur):
                 return None
             cur = cur[p]
         else:
@@ -100,7 +106,7 @@ def dig(obj: Any, *path: Any) -> Any:
 
 
 def as_list(value: Any) -> list:
-    return list(value) if isinstance(value, (list, tuple)) else []
+    return list(value) if is_seq(value) else []
 
 
 def as_map(value: Any) -> Mapping[str, Any]:

@@ -12,6 +12,8 @@ from typing import Any, Callable
 
 import pytest
 from pulumi_policy import EnforcementLevel, PolicyResource, ResourceValidationPolicy, StackValidationPolicy
+from pulumi_policy.deserialize import deserialize_properties
+from pulumi_policy.proxy import unknown_checking_proxy
 
 from policies.pack import POLICIES
 from tools import policy_check
@@ -94,6 +96,10 @@ def test_dev_and_prod_pass_with_no_violations_at_all(dev_run, prod_run):
     for run in (dev_run, prod_run):
         vs = violations_for(run)
         assert not vs, f"stack {run.stack}:\n{table(vs)}"
+        env = stack_config(run.stack)[f"{PROJECT}:environment"]
+        configs, levels = resolve_config(POLICIES, load_policy_config(run.stack), env)
+        proxied = evaluate(as_the_cli_passes_them(policy_resources(run)), configs, levels)
+        assert not proxied, f"stack {run.stack} (props proxied as the CLI passes them):\n{table(proxied)}"
 
 
 # ---- one break at a time ---------------------------------------------------------------------
@@ -114,17 +120,27 @@ def _vllm(props: dict) -> dict:
     return next(c for c in props["spec"]["template"]["spec"]["containers"] if "vllm" in c["image"])
 
 
-def break_one(run: ProgramRun, type_: str, pred, mutate: Callable[[dict], Any], env: str | None = None):
+def as_the_cli_passes_them(resources: list[PolicyResource]) -> list[PolicyResource]:
+    """Wrap props the way the analyzer does (Mapping/Sequence proxies that raise on unknowns)."""
+    for r in resources:
+        r.props = unknown_checking_proxy(deserialize_properties(json.loads(json.dumps(dict(r.props)))))
+        if r.provider is not None:
+            r.provider.props = unknown_checking_proxy(deserialize_properties(json.loads(json.dumps(dict(r.provider.props)))))
+    return resources
+
+
+def break_one(run: ProgramRun, type_: str, pred, mutate: Callable[[dict], Any], env: str | None = None, cli: bool = False):
     """Mutate one rendered resource; return (target, violations that were not there before)."""
     env = env or stack_config(run.stack)[f"{PROJECT}:environment"]
     configs, levels = resolve_config(POLICIES, {}, env)
-    before = {(v.policy, v.urn, v.message) for v in evaluate(policy_resources(run), configs, levels)}
+    wrap = as_the_cli_passes_them if cli else (lambda rs: rs)
+    before = {(v.policy, v.urn, v.message) for v in evaluate(wrap(policy_resources(run)), configs, levels)}
     resources = policy_resources(run)
     target = _pick(resources, type_, pred)
     target.props = copy.deepcopy(dict(target.props))
     if mutate(target.props) == "drop":
         resources.remove(target)
-    after = evaluate(resources, configs, levels)
+    after = evaluate(wrap(resources), configs, levels)
     return target, [v for v in after if (v.policy, v.urn, v.message) not in before]
 
 
@@ -213,9 +229,11 @@ BREAKS = [
 @pytest.mark.parametrize(
     "rule,stack,type_,pred,mutation,fragment", BREAKS, ids=[f"{b[0]}[{b[1]}:{b[5]}]" for b in BREAKS]
 )
-def test_breaking_one_resource_fires_exactly_its_rule(request, rule, stack, type_, pred, mutation, fragment):
+@pytest.mark.parametrize("cli", [False, True], ids=["plain", "cli-proxied"])
+def test_breaking_one_resource_fires_exactly_its_rule(request, rule, stack, type_, pred, mutation, fragment, cli):
+    """`cli-proxied` feeds the props through pulumi_policy's own proxies, as `pulumi preview` does."""
     run = request.getfixturevalue(f"{stack}_run")
-    target, new = break_one(run, type_, pred, mutation)
+    target, new = break_one(run, type_, pred, mutation, cli=cli)
     assert_only(rule, new, target, fragment)
 
 
