@@ -22,6 +22,7 @@ from tools.policy_check import Violation, check_run, evaluate, load_policy_confi
 
 DEPLOYMENT = "kubernetes:apps/v1:Deployment"
 NODEPOOL = "kubernetes:karpenter.sh/v1:NodePool"
+DAEMONSET = "kubernetes:apps/v1:DaemonSet"
 NODECLASS = "kubernetes:karpenter.k8s.aws/v1:EC2NodeClass"
 RELEASE = "kubernetes:helm.sh/v3:Release"
 PDB = "kubernetes:policy/v1:PodDisruptionBudget"
@@ -182,6 +183,14 @@ def _env_set(name: str, value: str):
     return f
 
 
+def _agent(r: PolicyResource) -> bool:
+    return "ebpf-agent" in r.name
+
+
+def _agent_edit(fn):
+    return lambda props: fn(props["spec"]["template"]["spec"]["containers"][0])
+
+
 def _drop_shm(c):
     c["volumeMounts"] = [m for m in c["volumeMounts"] if m["mountPath"] != "/dev/shm"]
 
@@ -201,6 +210,8 @@ BREAKS = [
     ("kubernetes-gpu-container-resources", "dev", DEPLOYMENT, _serving, _vllm_edit(lambda c: c["resources"].pop("requests")), "has no cpu requests"),
     ("kubernetes-workload-no-privileged", "prod", DEPLOYMENT, _serving, _vllm_edit(lambda c: c.setdefault("securityContext", {}).update(privileged=True)), "runs privileged"),
     ("kubernetes-workload-capabilities-allowlist", "prod", DEPLOYMENT, _serving, _vllm_edit(lambda c: c["securityContext"].update(capabilities={"add": ["NET_ADMIN"]})), "only the eBPF agent"),
+    ("kubernetes-workload-capabilities-allowlist", "prod", DAEMONSET, _agent, _agent_edit(lambda c: c["securityContext"]["capabilities"]["add"].append("SYS_ADMIN")), "['SYS_ADMIN'] not allowed for the eBPF agent"),
+    ("kubernetes-workload-no-privileged", "prod", DAEMONSET, _agent, _agent_edit(lambda c: c["securityContext"].update(privileged=True)), "runs privileged"),
     ("kubernetes-workload-no-plaintext-secrets", "prod", DEPLOYMENT, _serving, _vllm_edit(_env_set("HF_TOKEN", "hf_" + "a" * 34)), "secretKeyRef"),
     ("kubernetes-workload-no-plaintext-secrets", "dev", DEPLOYMENT, _serving, _vllm_edit(lambda c: c["args"].extend(["--hf-token", "hf_" + "b" * 34])), "--hf-token"),
     ("kubernetes-serving-deployment-termination-grace", "prod", DEPLOYMENT, _serving, _set(["spec", "template", "spec", "terminationGracePeriodSeconds"], 60), "raise it to at least"),
