@@ -9,6 +9,7 @@ path (`clusters[0].gpu_pools[1].instance_types`) and what is allowed.
 from __future__ import annotations
 
 import ipaddress
+import re
 from functools import cached_property
 from typing import Annotated, Any, Literal, Optional, Union
 
@@ -465,23 +466,62 @@ def pool_topology_policy(cluster: Any, pool: AnyPool) -> TopologyPolicy:
 Port = Annotated[int, Field(ge=1024, le=65535)]
 
 
+SOCKREDIR_MAX_PORTS = 16
+"""The agent's sockredir port table holds at most 16 ports (`bpf/sockredir.h`, `bpf/agent/programs.py`)."""
+
+_CUDA_LIB = re.compile(r"^/(?!.*(/\.\.?/|,))[^\s,]*/lib(cudart|cuda)\.so(\.[0-9]+)*$")
+_SECCOMP_PROFILE = re.compile(r"^(?!/)(?!.*\.\.)[-\w./]+\.json$")
+_IMAGE = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?(:[0-9]+)?(/[a-z0-9]([-._a-z0-9]*[a-z0-9])?)*(:[\w][\w.-]{0,127})?(@sha256:[0-9a-f]{64})?$")
+
+
 class SockmapConfig(Base):
     enabled: bool = True
     """Redirect same-node TCP between the configured ports through sockmap."""
     ports: list[Port] = Field(default_factory=list)
-    """Extra ports to accelerate; every served model's port is always included."""
+    """Extra ports to accelerate; every served model's port is always included (16 in all at most)."""
+
+    @field_validator("ports")
+    @classmethod
+    def _at_most_16(cls, v: list[int]) -> list[int]:
+        if len(set(v)) > SOCKREDIR_MAX_PORTS:
+            raise ValueError(
+                f"{len(set(v))} ports; the agent's sockredir port table holds at most "
+                f"{SOCKREDIR_MAX_PORTS}; allowed: up to {SOCKREDIR_MAX_PORTS} ports, served models' ports included"
+            )
+        return v
 
 
 class CudaUprobesConfig(Base):
     enabled: bool = True
     """Histogram CUDA launch/alloc/copy/sync enqueue times with uprobes."""
     library_paths: list[str] = Field(default_factory=list)
-    """Absolute host paths to libcudart/libcuda; empty = discovered per process from /proc/<pid>/maps."""
+    """Absolute host paths to libcudart/libcuda; empty = discovered per process from /proc/<pid>/maps
+    (which needs hostPID and SYS_PTRACE). When set, only these files are probed and the agent runs
+    without hostPID and SYS_PTRACE (each file is mounted read-only into the agent)."""
+    rescan_seconds: int = Field(30, ge=5, le=3600)
+    """How often the /proc scan looks for newly started CUDA processes."""
+
+    @field_validator("library_paths")
+    @classmethod
+    def _library_paths(cls, v: list[str]) -> list[str]:
+        bad = [p for p in v if not _CUDA_LIB.match(p)]
+        if bad:
+            raise ValueError(
+                f"{bad} are not absolute paths to a CUDA library; allowed: absolute host paths ending in "
+                f"libcudart.so[.N] or libcuda.so[.N], without commas or '..'"
+            )
+        if len(set(v)) != len(v):
+            raise ValueError(f"duplicate paths in {v}")
+        return v
 
 
 class TcpBackpressureConfig(Base):
     enabled: bool = True
     """Count sends that find the socket's send queue near `sk_sndbuf`."""
+    threshold_pct: int = Field(80, ge=1, le=100)
+    """Send-queue share of `sk_sndbuf` that counts as backpressure (the agent's --tcpbp-threshold-pct)."""
+    mode: Literal["auto", "fentry", "tracepoint"] = "auto"
+    """`auto`: fentry where the kernel allows it, else the `tcp:tcp_sendmsg_locked` tracepoint."""
 
 
 class EbpfAgentConfig(Base):
@@ -498,14 +538,51 @@ class EbpfAgentConfig(Base):
     """CPU request and limit of the agent container."""
     memory_mib: int = Field(256, ge=64, le=8192)
     """Memory request and limit of the agent container."""
-    priority_class: str = "system-node-critical"
+    priority_class: Annotated[str, StringConstraints(pattern=r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")] = (
+        "system-node-critical"
+    )
+    """PriorityClass of the agent pods. For `system-node-critical`/`system-cluster-critical` outside
+    kube-system the component adds the ResourceQuota that GKE requires for them."""
+    pod_names_from_kubelet_logs: bool = True
+    """Mount /var/log/containers and /var/log/pods read-only so metrics carry namespace/pod/container
+    names (without them: the cgroup path and short container id)."""
+    seccomp_localhost_profile: Optional[str] = None
+    """A seccomp profile installed on the nodes under the kubelet's seccomp dir (e.g.
+    `profiles/gpuinfra-ebpf-agent.json`) that allows bpf() and perf_event_open(). Unset: Unconfined
+    for the agent container (containerd's RuntimeDefault blocks bpf() without CAP_SYS_ADMIN)."""
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
     @field_validator("image")
     @classmethod
     def _pinned(cls, v: str) -> str:
-        if "@sha256:" not in v and (":" not in v.rsplit("/", 1)[-1] or v.endswith(":latest")):
-            raise ValueError("pin the image to a tag other than 'latest' or to a digest")
+        tag = v.split("@", 1)[0].rsplit("/", 1)[-1]
+        if not _IMAGE.match(v):
+            raise ValueError(f"'{v}' is not an image reference; allowed: registry/name:tag or registry/name@sha256:<digest>")
+        if "@sha256:" not in v and (":" not in tag or tag.endswith(":latest")):
+            raise ValueError(
+                f"'{v}' is not pinned; allowed: an exact tag other than 'latest' (e.g. "
+                f"ghcr.io/gpuinfra/ebpf-agent:0.1.0) or an @sha256: digest"
+            )
         return v
+
+    @field_validator("seccomp_localhost_profile")
+    @classmethod
+    def _profile_path(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None and not _SECCOMP_PROFILE.match(v):
+            raise ValueError(
+                f"'{v}' is not a profile path; allowed: a .json path relative to the kubelet's seccomp "
+                f"directory, without '..' (e.g. profiles/gpuinfra-ebpf-agent.json)"
+            )
+        return v
+
+    @model_validator(mode="after")
+    def _some_program(self):
+        if self.enabled and not (self.sockmap.enabled or self.cuda_uprobes.enabled or self.tcp_backpressure.enabled):
+            raise ValueError(
+                "enabled: every agent program is off; allowed: enable at least one of sockmap, "
+                "cuda_uprobes, tcp_backpressure, or set ebpf_agent.enabled: false"
+            )
+        return self
 
 
 class AlertThresholds(Base):
@@ -778,6 +855,7 @@ class StackConfig(Base):
         errors += _prod_fallback(self)
         errors += _interruption_queue(self)
         errors += _aws_ami_pinned(self)
+        errors += _ebpf_agent_ports(self)
         if not errors:
             errors += _placements(self)
         if errors:
@@ -850,6 +928,18 @@ def _aws_ami_pinned(s: StackConfig) -> list[str]:
         f"recommends today; allowed in prod: a pinned release such as al2023@v20260512"
         for i, c in enumerate(s.clusters)
         if isinstance(c, AwsCluster) and c.karpenter.ami_alias.endswith("@latest")
+    ]
+
+
+def _ebpf_agent_ports(s: StackConfig) -> list[str]:
+    a = s.ebpf_agent
+    ports = s.sockmap_ports()
+    if not (a.enabled and a.sockmap.enabled) or len(ports) <= SOCKREDIR_MAX_PORTS:
+        return []
+    return [
+        f"ebpf_agent.sockmap.ports: {len(ports)} ports to accelerate ({ports}: sockmap.ports plus every "
+        f"model's engine.port); the agent holds at most {SOCKREDIR_MAX_PORTS}; allowed: at most "
+        f"{SOCKREDIR_MAX_PORTS} distinct ports, or ebpf_agent.sockmap.enabled: false"
     ]
 
 
