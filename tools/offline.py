@@ -9,6 +9,7 @@ outputs that a real provider would fill in (`tools/mock_outputs.py`).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import io
 import json
@@ -198,6 +199,19 @@ class _Mocks(pulumi.runtime.Mocks):
         return mock_outputs.call_outputs(args.token, dict(args.args))
 
 
+def _fresh_event_loop() -> None:
+    """Cancel what a previous run left pending, then install a new loop."""
+    old = asyncio.get_event_loop_policy().get_event_loop()
+    if not old.is_running() and not old.is_closed():
+        pending = asyncio.all_tasks(old)
+        for task in pending:
+            task.cancel()
+        if pending:
+            old.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        old.close()
+    asyncio.set_event_loop(asyncio.new_event_loop())
+
+
 def stack_config(stack: str) -> dict[str, Any]:
     """The `config:` block of `Pulumi.<stack>.yaml` (fully qualified keys)."""
     path = ROOT / f"Pulumi.{stack}.yaml"
@@ -269,6 +283,11 @@ def run_program(
     )
     pulumi.runtime.set_all_config(values, secret_keys)
     psettings.ROOT.set(None)
+    # A run that failed inside an `apply` leaves tasks and a recorded exception behind: start each
+    # run on a fresh event loop with clean RPC bookkeeping, as pulumi.runtime.test does.
+    psettings.SETTINGS.rpc_manager.clear()
+    psettings.SETTINGS.outputs.clear()
+    _fresh_event_loop()
 
     log = io.StringIO()
 
