@@ -82,9 +82,18 @@ def test_exported_kubeconfig_is_the_one_the_cluster_provider_uses(any_run):
 # --- secrets stay secret ----------------------------------------------------------------------
 
 
+def _masked(value, name):
+    return value == "[secret]" or (isinstance(value, dict) and value.get(name) == "[secret]")
+
+
 def test_only_the_kubeconfigs_are_secret_and_they_are_masked(any_run):
-    assert any_run.secret_outputs == ["kubeconfigs"], f"stack {any_run.stack}: secret outputs {any_run.secret_outputs}"
-    assert any_run.outputs["kubeconfigs"] == "[secret]"
+    secret = any_run.secret_outputs
+    assert secret and all(p == "kubeconfigs" or p.startswith("kubeconfigs.") for p in secret), (
+        f"stack {any_run.stack}: secret outputs {secret}: only the kubeconfigs may be secret"
+    )
+    for name in any_run.raw_outputs["kubeconfigs"]:
+        assert "kubeconfigs" in secret or f"kubeconfigs.{name}" in secret, f"stack {any_run.stack}: kubeconfigs.{name}"
+        assert _masked(any_run.outputs["kubeconfigs"], name), f"stack {any_run.stack}: kubeconfigs.{name} not masked"
     assert SECRET_OUTPUTS == ("kubeconfigs",)
 
 
@@ -117,7 +126,7 @@ def secret_kubeconfig_run():
 def test_kubeconfig_is_never_a_plain_output(secret_kubeconfig_run):
     run = secret_kubeconfig_run
     assert run.raw_outputs["kubeconfigs"]["team"] == KUBECONFIG_SENTINEL
-    assert "kubeconfigs" in run.secret_outputs
+    assert {"kubeconfigs", "kubeconfigs.team"} & set(run.secret_outputs), run.secret_outputs
     assert "kubeconfig-sentinel" not in json.dumps(run.outputs), "a kubeconfig leaked into the masked outputs"
     plain = {k: v for k, v in run.raw_outputs.items() if k in PLAIN_OUTPUTS or k == "estimated_cost"}
     assert "kubeconfig-sentinel" not in json.dumps(plain), "a kubeconfig leaked into a plain output"

@@ -6,6 +6,7 @@ produced for dev, exactly as the Pulumi service would.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 
 import pytest
@@ -28,7 +29,23 @@ def _run_consumer(monkeypatch, platform_outputs, config=CONFIG, reads=None):
 
     monkeypatch.syspath_prepend(str(EXAMPLE))
     monkeypatch.setitem(mock_outputs.RESOURCE_OUTPUTS, "pulumi:pulumi:StackReference", service)
-    return run_program("dev", config=config, program=EXAMPLE / "__main__.py", raise_errors=False)
+    run = run_program("dev", config=config, program=EXAMPLE / "__main__.py", raise_errors=False)
+    if run.error is not None:
+        _drain_leftover_tasks()
+    return run
+
+
+def _drain_leftover_tasks() -> None:
+    """A failed program leaves its failed apply tasks in Pulumi's global `SETTINGS.outputs` (set_mocks
+    does not reset it), and the next program run in the session would re-raise them. Finish and
+    drop them here."""
+    from pulumi.runtime.settings import SETTINGS
+
+    loop = asyncio.get_event_loop()
+    pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+    if pending:
+        loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+    SETTINGS.outputs.clear()
 
 
 def test_consumer_deploys_a_client_wired_to_the_model(monkeypatch, dev_run):
