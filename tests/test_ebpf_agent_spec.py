@@ -1,0 +1,332 @@
+"""Unit tests for the eBPF agent deciders (`components.ebpf_agent_spec`) and its config rules."""
+
+from __future__ import annotations
+
+import itertools
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pydantic import ValidationError
+
+from components.cluster import GPU_TOLERATION, GpuPoolInfo
+from components.config import SOCKREDIR_MAX_PORTS, EbpfAgentConfig, ObservabilityConfig
+from components.ebpf_agent_spec import (
+    CAPABILITY_ALLOW_LIST,
+    CGROUP_MOUNT,
+    PROGRAMS,
+    accelerated_ports,
+    agent_env,
+    capabilities,
+    critical_pods_quota_spec,
+    daemonset_spec,
+    enabled_programs,
+    gpu_node_affinity,
+    gpu_tolerations,
+    host_pid,
+    pod_spec,
+    service_monitor_labels,
+    service_monitor_spec,
+    service_spec,
+)
+from policies.kubernetes_rules import EBPF_AGENT_CAPABILITIES
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def pool(name: str = "l4", selector: dict[str, str] | None = None, taint: bool = True) -> GpuPoolInfo:
+    return GpuPoolInfo(
+        name=name,
+        capacity="spot",
+        on_demand_fallback=True,
+        gpu_model="L4",
+        gpus_per_node=1,
+        node_selector=selector or {"gpuinfra.io/pool": name},
+        tolerations=(dict(GPU_TOLERATION),) if taint else (),
+    )
+
+
+def cfg(sockmap: bool = True, cuda: bool = True, tcp: bool = True, **kw) -> EbpfAgentConfig:
+    extra = kw.pop("cuda_uprobes", {})
+    return EbpfAgentConfig(
+        sockmap={"enabled": sockmap, "ports": kw.pop("ports", [])},
+        cuda_uprobes={"enabled": cuda, **extra},
+        tcp_backpressure={"enabled": tcp, **kw.pop("tcp_backpressure", {})},
+        **kw,
+    )
+
+
+def env_of(c: EbpfAgentConfig, ports=(8000,)) -> dict[str, str]:
+    return {e["name"]: e["value"] for e in agent_env(c, list(ports))}
+
+
+COMBOS = [combo for combo in itertools.product([False, True], repeat=3) if any(combo)]
+
+
+def _agent_settings(env: dict[str, str]):
+    """Parse the rendered env with the agent's own flag parser (bpf/agent/config.py)."""
+    sys.path.insert(0, str(ROOT / "bpf"))
+    try:
+        from agent import config as agent_config  # noqa: PLC0415 - the agent package lives in bpf/
+    finally:
+        sys.path.remove(str(ROOT / "bpf"))
+    return agent_config.parse([], environ=env)
+
+
+# ---- programs and agent settings --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("sockmap,cuda,tcp", COMBOS)
+def test_env_for_every_program_combination(sockmap, cuda, tcp):
+    c = cfg(sockmap, cuda, tcp)
+    env = env_of(c, [8000, 8080])
+    want = [p for p, on in zip(PROGRAMS, (sockmap, cuda, tcp)) if on]
+    assert env["GPUINFRA_EBPF_PROGRAMS"] == ",".join(want)
+    assert env["GPUINFRA_EBPF_CGROUP_PATH"] == CGROUP_MOUNT
+    assert env["GPUINFRA_EBPF_METRICS_PORT"] == "9435"
+    assert ("GPUINFRA_EBPF_PORTS" in env) == sockmap
+    if sockmap:
+        assert env["GPUINFRA_EBPF_PORTS"] == "8000,8080"
+    assert ("GPUINFRA_EBPF_CUDA_SCAN" in env) == cuda
+    assert ("GPUINFRA_EBPF_TCPBP_THRESHOLD_PCT" in env) == tcp
+    # The agent's own parser accepts exactly what we render.
+    s = _agent_settings(env)
+    assert s.programs == tuple(want)
+    assert s.cgroup_path == CGROUP_MOUNT and s.metrics_port == 9435
+    if sockmap:
+        assert s.ports == (8000, 8080)
+
+
+def test_every_env_name_is_a_flag_the_agent_reads():
+    sys.path.insert(0, str(ROOT / "bpf"))
+    try:
+        from agent import config as agent_config  # noqa: PLC0415
+    finally:
+        sys.path.remove(str(ROOT / "bpf"))
+    known = {agent_config.env_name(flag) for flag, *_ in agent_config.FLAGS}
+    c = cfg(cuda_uprobes={"library_paths": ["/usr/lib64/libcuda.so.1"]})
+    names = set(env_of(c))
+    assert names <= known, f"env names the agent does not read: {sorted(names - known)}"
+
+
+def test_tcpbp_settings_and_cuda_rescan_render():
+    c = cfg(tcp_backpressure={"threshold_pct": 65, "mode": "tracepoint"}, cuda_uprobes={"rescan_seconds": 120})
+    s = _agent_settings(env_of(c))
+    assert s.tcpbp_threshold_pct == 65 and s.tcpbp_mode == "tracepoint"
+    assert s.cuda_rescan_seconds == 120 and s.cuda_scan is True and s.cuda_libs == ()
+
+
+def test_configured_cuda_libraries_are_mounted_and_replace_the_scan():
+    libs = ["/usr/lib64/libcuda.so.1", "/home/kubernetes/bin/nvidia/lib64/libcudart.so.12"]
+    c = cfg(cuda_uprobes={"library_paths": libs})
+    s = _agent_settings(env_of(c))
+    assert s.cuda_scan is False
+    assert s.cuda_libs == tuple("/host" + p for p in libs)
+    spec = pod_spec(c, [8000], [pool()])
+    mounts = {m["mountPath"]: m for m in spec["containers"][0]["volumeMounts"]}
+    vols = {v["name"]: v for v in spec["volumes"]}
+    for p in libs:
+        m = mounts["/host" + p]
+        assert m["readOnly"] is True
+        assert vols[m["name"]]["hostPath"] == {"path": p, "type": "File"}
+    assert spec["hostPID"] is False
+    assert "SYS_PTRACE" not in spec["containers"][0]["securityContext"]["capabilities"]["add"]
+
+
+def test_sockredir_is_off_without_ports():
+    c = cfg()
+    assert enabled_programs(c, ()) == ("cudalat", "tcpbp")
+    assert "GPUINFRA_EBPF_PORTS" not in env_of(c, ())
+    with pytest.raises(ValueError, match="no agent program"):
+        agent_env(cfg(cuda=False, tcp=False), [])
+
+
+@settings(max_examples=200, deadline=None, database=None)
+@given(st.lists(st.integers(1024, 65535), max_size=40))
+def test_ports_render_sorted_distinct_and_capped(ports):
+    c = cfg()
+    distinct = sorted(set(ports))
+    if len(distinct) > SOCKREDIR_MAX_PORTS:
+        with pytest.raises(ValueError, match="at most 16"):
+            accelerated_ports(c, ports)
+        return
+    assert list(accelerated_ports(c, ports)) == distinct
+    env = env_of(c, ports)
+    if distinct:
+        assert [int(p) for p in env["GPUINFRA_EBPF_PORTS"].split(",")] == distinct
+        assert _agent_settings(env).ports == tuple(distinct)
+    else:
+        assert "GPUINFRA_EBPF_PORTS" not in env
+
+
+def test_sockmap_off_accelerates_nothing():
+    assert accelerated_ports(cfg(sockmap=False), [8000, 8080]) == ()
+
+
+# ---- privilege --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("sockmap,cuda,tcp", COMBOS)
+@pytest.mark.parametrize("scan", [True, False])
+def test_capabilities_are_exactly_what_the_programs_need(sockmap, cuda, tcp, scan):
+    programs = [p for p, on in zip(PROGRAMS, (sockmap, cuda, tcp)) if on]
+    want = {"BPF", "SYS_RESOURCE"}
+    if sockmap:
+        want.add("NET_ADMIN")
+    if cuda or tcp:
+        want.add("PERFMON")
+    if cuda and scan:
+        want.add("SYS_PTRACE")
+    got = capabilities(programs, scan)
+    assert set(got) == want, f"programs {programs}, scan {scan}"
+    assert len(got) == len(set(got))
+    assert set(got) <= set(CAPABILITY_ALLOW_LIST) == set(EBPF_AGENT_CAPABILITIES)
+
+
+def test_default_config_needs_the_whole_allow_list():
+    spec = pod_spec(cfg(), [8000], [pool()])
+    sc = spec["containers"][0]["securityContext"]
+    assert sc["capabilities"] == {"drop": ["ALL"], "add": list(CAPABILITY_ALLOW_LIST)}
+    assert sc["privileged"] is False and sc["allowPrivilegeEscalation"] is False
+    assert sc["readOnlyRootFilesystem"] is True and sc["runAsUser"] == 0
+    assert "SYS_ADMIN" not in sc["capabilities"]["add"]
+
+
+@pytest.mark.parametrize("sockmap,cuda,tcp", COMBOS)
+def test_host_pid_iff_cuda_uprobes_scan(sockmap, cuda, tcp):
+    c = cfg(sockmap, cuda, tcp)
+    spec = pod_spec(c, [8000], [pool()])
+    assert spec["hostPID"] is cuda
+    assert host_pid(enabled_programs(c, (8000,)), c) is cuda
+    assert spec["hostNetwork"] is False
+    assert spec["automountServiceAccountToken"] is False
+
+
+def test_seccomp_unconfined_only_for_the_agent_container_or_a_localhost_profile():
+    spec = pod_spec(cfg(), [8000], [pool()])
+    assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert spec["containers"][0]["securityContext"]["seccompProfile"] == {"type": "Unconfined"}
+    local = pod_spec(cfg(seccomp_localhost_profile="profiles/ebpf-agent.json"), [8000], [pool()])
+    assert local["containers"][0]["securityContext"]["seccompProfile"] == {
+        "type": "Localhost", "localhostProfile": "profiles/ebpf-agent.json"
+    }
+
+
+def test_mounts_bpffs_rw_and_host_cgroup2_read_only():
+    spec = pod_spec(cfg(), [8000], [pool()])
+    vols = {v["name"]: v for v in spec["volumes"]}
+    mounts = {m["mountPath"]: m for m in spec["containers"][0]["volumeMounts"]}
+    bpffs = mounts["/sys/fs/bpf"]
+    assert vols[bpffs["name"]]["hostPath"]["path"] == "/sys/fs/bpf"
+    assert not bpffs.get("readOnly") and bpffs["mountPropagation"] == "HostToContainer"
+    cg = mounts[CGROUP_MOUNT]
+    assert vols[cg["name"]]["hostPath"]["path"] == "/sys/fs/cgroup" and cg["readOnly"] is True
+    for d in ("/var/log/containers", "/var/log/pods"):
+        assert mounts[d]["readOnly"] is True
+    without = pod_spec(cfg(pod_names_from_kubelet_logs=False), [8000], [pool()])
+    paths = {m["mountPath"] for m in without["containers"][0]["volumeMounts"]}
+    assert "/var/log/pods" not in paths and "/var/log/containers" not in paths
+    # Every hostPath except bpffs and /tmp is read-only.
+    for m in spec["containers"][0]["volumeMounts"]:
+        if m["mountPath"] not in ("/sys/fs/bpf", "/tmp"):
+            assert m.get("readOnly") is True, m
+
+
+# ---- scheduling and the rest of the documents -------------------------------------------------
+
+
+def test_affinity_selects_any_gpu_pool_and_tolerates_their_taints():
+    pools = [
+        pool("a"),
+        pool("b"),
+        pool("byo", {"cloud.google.com/gke-accelerator": "nvidia-l4", "x/y": "z"}, taint=False),
+        pool("a"),
+    ]
+    terms = gpu_node_affinity(pools)["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]
+    assert len(terms) == 3
+    assert terms[0] == {"matchExpressions": [{"key": "gpuinfra.io/pool", "operator": "In", "values": ["a"]}]}
+    assert {e["key"] for e in terms[2]["matchExpressions"]} == {"cloud.google.com/gke-accelerator", "x/y"}
+    assert gpu_tolerations(pools) == [GPU_TOLERATION]
+    assert gpu_tolerations([pool(taint=False)]) == []
+    with pytest.raises(ValueError):
+        gpu_node_affinity([])
+
+
+def test_daemonset_rolls_and_requests_equal_limits():
+    c = cfg(cpu_millicores=300, memory_mib=512, priority_class="gpuinfra-node")
+    ds = daemonset_spec(c, [8000], [pool()], {"team": "x"})
+    assert ds["updateStrategy"]["type"] == "RollingUpdate"
+    assert ds["updateStrategy"]["rollingUpdate"]["maxSurge"] == 0
+    assert ds["selector"]["matchLabels"].items() <= ds["template"]["metadata"]["labels"].items()
+    assert ds["template"]["metadata"]["labels"]["team"] == "x"
+    spec = ds["template"]["spec"]
+    res = spec["containers"][0]["resources"]
+    assert res["requests"] == res["limits"] == {"cpu": "300m", "memory": "512Mi"}
+    assert spec["priorityClassName"] == "gpuinfra-node"
+    assert critical_pods_quota_spec(c) is None
+
+
+def test_critical_priority_class_gets_a_matching_quota():
+    q = critical_pods_quota_spec(cfg())
+    assert q["scopeSelector"]["matchExpressions"] == [
+        {"scopeName": "PriorityClass", "operator": "In", "values": ["system-node-critical"]}
+    ]
+    assert int(q["hard"]["pods"]) >= 1000
+
+
+def test_service_and_servicemonitor_target_the_metrics_port():
+    c = cfg(metrics_port=9500)
+    svc = service_spec(c)
+    assert svc["type"] == "ClusterIP"
+    assert svc["ports"] == [{"name": "metrics", "port": 9500, "targetPort": "metrics", "protocol": "TCP"}]
+    container = pod_spec(c, [8000], [pool()])["containers"][0]
+    assert container["ports"][0] == {"name": "metrics", "containerPort": 9500, "protocol": "TCP"}
+    assert env_of(c)["GPUINFRA_EBPF_METRICS_PORT"] == "9500"
+    sm = service_monitor_spec(c)
+    assert sm["selector"]["matchLabels"] == svc["selector"]
+    (ep,) = sm["endpoints"]
+    assert ep["port"] == "metrics" and ep["path"] == "/metrics"
+    # The agent's series carry the workload's namespace/pod; they must not become exported_*.
+    assert ep["honorLabels"] is True
+    o = ObservabilityConfig(prometheus_release_label="kps", prometheus_url="http://kps-prometheus.monitoring.svc:9090")
+    assert service_monitor_labels({}, o)["release"] == "kps"
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/metrics", "port": "metrics"}
+
+
+# ---- config rules -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "kwargs,fragment",
+    [
+        ({"image": "ghcr.io/gpuinfra/ebpf-agent:latest"}, "not pinned"),
+        ({"image": "ghcr.io/gpuinfra/ebpf-agent"}, "not pinned"),
+        ({"image": "Not An Image:1"}, "not an image reference"),
+        ({"sockmap": {"ports": list(range(9000, 9017))}}, "at most 16"),
+        ({"cuda_uprobes": {"library_paths": ["libcuda.so.1"]}}, "absolute paths"),
+        ({"cuda_uprobes": {"library_paths": ["/usr/lib/libfoo.so"]}}, "libcudart.so"),
+        ({"tcp_backpressure": {"threshold_pct": 0}}, "greater than or equal to 1"),
+        ({"tcp_backpressure": {"mode": "kprobe"}}, "fentry"),
+        ({"seccomp_localhost_profile": "../etc/x.json"}, "relative to the kubelet"),
+        (
+            {"sockmap": {"enabled": False}, "cuda_uprobes": {"enabled": False}, "tcp_backpressure": {"enabled": False}},
+            "every agent program is off",
+        ),
+    ],
+)
+def test_bad_agent_config_is_refused(kwargs, fragment):
+    with pytest.raises(ValidationError) as e:
+        EbpfAgentConfig(**kwargs)
+    assert fragment in str(e.value)
+
+
+def test_pinned_images_are_accepted():
+    for image in ("ghcr.io/gpuinfra/ebpf-agent:0.1.0", "registry:5000/ebpf-agent:v1", "r.io/a@sha256:" + "0" * 64):
+        assert EbpfAgentConfig(image=image).image == image
+    assert EbpfAgentConfig(enabled=False, sockmap={"enabled": False}, cuda_uprobes={"enabled": False},
+                           tcp_backpressure={"enabled": False}).enabled is False
