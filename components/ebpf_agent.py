@@ -56,7 +56,10 @@ class EbpfAgent(pulumi.ComponentResource):
         ds_spec = daemonset_spec(cfg, args.sockmap_ports, args.gpu_pools, args.labels)
         quota_spec = critical_pods_quota_spec(cfg)
         labels = object_labels(args.labels)
-        child = pulumi.ResourceOptions(parent=self)
+        # Children wait for what the component waits for (the add-ons: namespace, Prometheus
+        # Operator CRDs); Pulumi does not pass a component's depends_on down to its children.
+        after = _depends_on(opts)
+        child = pulumi.ResourceOptions(parent=self, depends_on=after)
 
         def meta(name_: str, extra: Optional[dict[str, str]] = None) -> k8s.meta.v1.ObjectMetaArgs:
             return k8s.meta.v1.ObjectMetaArgs(name=name_, namespace=args.namespace, labels=extra or labels)
@@ -72,7 +75,7 @@ class EbpfAgent(pulumi.ComponentResource):
             f"{name}-daemonset",
             metadata=meta(APP_NAME),
             spec=ds_spec,
-            opts=pulumi.ResourceOptions(parent=self, depends_on=deps),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=after + deps),
         )
         k8s.core.v1.Service(f"{name}-service", metadata=meta(APP_NAME), spec=service_spec(cfg), opts=child)
         k8s.apiextensions.CustomResource(
@@ -101,3 +104,10 @@ class EbpfAgent(pulumi.ComponentResource):
                 "metricsUrl": self.metrics_url,
             }
         )
+
+
+def _depends_on(opts: Optional[pulumi.ResourceOptions]) -> list[pulumi.Resource]:
+    deps = opts.depends_on if opts is not None else None
+    if deps is None:
+        return []
+    return list(deps) if isinstance(deps, (list, tuple)) else [deps]

@@ -156,6 +156,10 @@ def test_metrics_service_and_servicemonitor(any_run):
         assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items(), sm_r.urn
         assert sm["spec"]["endpoints"][0]["port"] == svc["spec"]["ports"][0]["name"], sm_r.urn
         assert sm["spec"]["endpoints"][0]["honorLabels"] is True, sm_r.urn
+        if cfg.observability.install_prometheus_stack:
+            # The ServiceMonitor CRD comes with kube-prometheus-stack: wait for the release.
+            kps = [r for r in any_run.by_type("kubernetes:helm.sh/v3:Release") if r.name == f"{n}-addons-kube-prometheus-stack"]
+            assert kps and kps[0].urn in sm_r.dependencies, f"{sm_r.urn} does not wait for the Prometheus Operator CRDs"
 
 
 def test_critical_priority_class_quota(any_run):
