@@ -10,6 +10,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from components.config import Namespaces, ObservabilityConfig
+from components.options import inherited_depends_on
 from components.serving_addons import KEDA_CHART, KEDA_RELEASE, KPS_CHART, ChartPin, keda_values, kps_values
 
 
@@ -32,7 +33,8 @@ class PlatformAddons(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: PlatformAddonsArgs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("gpuinfra:platform:PlatformAddons", name, None, opts)
-        child = pulumi.ResourceOptions(parent=self)
+        # Wait for the cluster to be able to run pods (CNI, DNS) before installing anything.
+        child = pulumi.ResourceOptions(parent=self, depends_on=inherited_depends_on(opts))
         o = args.observability
         ns = {}
         for role, ns_name in (("system", args.namespaces.system), ("serving", args.namespaces.serving)):

@@ -274,6 +274,7 @@ class AwsGpuCluster(pulumi.ComponentResource):
             spot_notice_s=c.spot_notice_s,
             interruption_queue_arn=queue_arn,
             native=self.cluster,
+            ready_after=[coredns, *cni_ready],
             extras={"vpc_id": vpc.id, "private_subnet_ids": private_ids, "karpenter": self.karpenter},
         )
         self.register_outputs(

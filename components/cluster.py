@@ -85,4 +85,6 @@ class ClusterHandle:
     interruption_queue_arn: Optional[pulumi.Output[str]] = None
     native: Any = None
     """Escape hatch: the native cluster object (eks.Cluster, gcp.container.Cluster, or None)."""
+    ready_after: list[pulumi.Resource] = field(default_factory=list)
+    """What must exist before workloads can run (CNI, DNS, system nodes); the platform layers wait on it."""
     extras: dict[str, Any] = field(default_factory=dict)

@@ -16,6 +16,7 @@ import pulumi_kubernetes as k8s
 
 from components.cluster import GpuPoolInfo
 from components.config import EbpfAgentConfig, ObservabilityConfig
+from components.options import inherited_depends_on
 from components.ebpf_agent_spec import (
     APP_NAME,
     accelerated_ports,
@@ -58,7 +59,7 @@ class EbpfAgent(pulumi.ComponentResource):
         labels = object_labels(args.labels)
         # Children wait for what the component waits for (the add-ons: namespace, Prometheus
         # Operator CRDs); Pulumi does not pass a component's depends_on down to its children.
-        after = _depends_on(opts)
+        after = inherited_depends_on(opts)
         child = pulumi.ResourceOptions(parent=self, depends_on=after)
 
         def meta(name_: str, extra: Optional[dict[str, str]] = None) -> k8s.meta.v1.ObjectMetaArgs:
@@ -104,10 +105,3 @@ class EbpfAgent(pulumi.ComponentResource):
                 "metricsUrl": self.metrics_url,
             }
         )
-
-
-def _depends_on(opts: Optional[pulumi.ResourceOptions]) -> list[pulumi.Resource]:
-    deps = opts.depends_on if opts is not None else None
-    if deps is None:
-        return []
-    return list(deps) if isinstance(deps, (list, tuple)) else [deps]

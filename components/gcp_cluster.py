@@ -138,6 +138,7 @@ class GcpGpuCluster(pulumi.ComponentResource):
             gpu_pools={p.name: _pool_info(c, p) for p in c.gpu_pools},
             spot_notice_s=c.spot_notice_s,
             native=self.cluster,
+            ready_after=[self.system_pool],
             extras={
                 "network": self.network,
                 "subnet": self.subnet,

@@ -45,7 +45,7 @@ def build_cluster(loaded: LoadedConfig, c: Any) -> ClusterHandle:
 def build_layers(loaded: LoadedConfig, handle: ClusterHandle) -> ClusterLayers:
     cfg = loaded.stack
     labels = platform_labels(cfg)
-    on_cluster = pulumi.ResourceOptions(provider=handle.provider)
+    on_cluster = pulumi.ResourceOptions(provider=handle.provider, depends_on=handle.ready_after)
     addons = PlatformAddons(
         f"{handle.name}-addons",
         PlatformAddonsArgs(namespaces=cfg.namespaces, observability=cfg.observability, labels=labels),

@@ -19,6 +19,7 @@ from components.alerts import prometheus_rule_spec
 from components.cluster import GpuPoolInfo
 from components.config import ModelConfig, ObservabilityConfig, Placement
 from components.dashboard import DASHBOARD_LABEL, dashboard_json
+from components.options import inherited_depends_on
 from components.serving_autoscale import KEDA_API, hpa_spec, scaled_object_spec
 from components.serving_spec import (
     DRAIN_PORT_NAME,
@@ -72,7 +73,9 @@ class VllmServing(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: VllmServingArgs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("gpuinfra:serving:VllmServing", name, None, opts)
-        child = pulumi.ResourceOptions(parent=self)
+        # Children wait for what the component waits for (the add-ons and their CRDs).
+        after = inherited_depends_on(opts)
+        child = pulumi.ResourceOptions(parent=self, depends_on=after)
         m, o = args.model, args.observability
         ns = pulumi.Output.from_input(args.namespace)
         labels = object_labels(m, args.labels)
@@ -141,7 +144,7 @@ class VllmServing(pulumi.ComponentResource):
                     kind="ScaledObject",
                     metadata=meta(app),
                     spec=ns.apply(lambda n: scaled_object_spec(m, args.placement, app, n, prom)),
-                    opts=pulumi.ResourceOptions(parent=self, depends_on=[deployment]),
+                    opts=pulumi.ResourceOptions(parent=self, depends_on=[*after, deployment]),
                 )
             else:
                 k8s.autoscaling.v2.HorizontalPodAutoscaler(
