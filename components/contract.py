@@ -137,8 +137,8 @@ def _pending(layers: dict[str, Any]) -> dict[str, Any]:
         out[f"{cname}|agent_metrics_port"] = lay.agent.metrics_port if lay.agent is not None else None
         for mname, serving in lay.serving.items():
             out[f"{cname}|{mname}|service_url"] = serving.service_url
-            out[f"{cname}|{mname}|openai_base_path"] = getattr(serving, "openai_base_path", OPENAI_BASE_PATH)
-            out[f"{cname}|{mname}|metrics_url"] = getattr(serving, "metrics_url", None)
+            out[f"{cname}|{mname}|openai_base_path"] = serving.openai_base_path
+            out[f"{cname}|{mname}|metrics_url"] = serving.metrics_url
     return out
 
 
