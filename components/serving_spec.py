@@ -341,6 +341,9 @@ def runtime_hash(files: dict[str, str]) -> str:
     return h.hexdigest()[:16]
 
 
+PRESTOP_ANNOTATION = "gpuinfra.io/prestop-timeout-seconds"
+
+
 def deployment_spec(
     m: ModelConfig,
     name: str,
@@ -360,7 +363,11 @@ def deployment_spec(
         "template": {
             "metadata": {
                 "labels": object_labels(m, labels),
-                "annotations": {"gpuinfra.io/runtime-hash": runtime_hash(runtime)},
+                "annotations": {
+                    "gpuinfra.io/runtime-hash": runtime_hash(runtime),
+                    # the preStop drain budget, for policy checks of terminationGracePeriodSeconds
+                    PRESTOP_ANNOTATION: str(m.prestop_timeout_s),
+                },
             },
             "spec": pod_spec(m, name, pool, cloud, spot_notice_s, hf_secret),
         },

@@ -267,3 +267,12 @@ def test_on_demand_share_is_a_fraction(spot, od, fallback, count_fallback):
         assert share == 1.0
     if od == 0 and not count_fallback:
         assert share == 0.0
+
+
+def test_policy_constants_match_what_the_components_render():
+    """The pack is a separate program; its label/annotation names must not drift from the components'."""
+    from components.cluster import POOL_LABEL
+    from components.serving_spec import PRESTOP_ANNOTATION
+
+    assert common.POOL_LABEL == POOL_LABEL
+    assert common.PRESTOP_ANNOTATION == PRESTOP_ANNOTATION
