@@ -66,8 +66,11 @@ class KubeletNumaConfig(Base):
     """NUMA-aligned kubelet: AL2023 nodeadm NodeConfig on EKS, `kubelet_config` on GKE."""
 
     cpu_manager_policy: Literal["static", "none"] = "static"
+    """Kubelet `cpuManagerPolicy`."""
     topology_manager_policy: TopologyPolicy = "single-numa-node"
+    """Kubelet `topologyManagerPolicy`."""
     topology_manager_scope: Literal["container", "pod"] = "pod"
+    """Kubelet `topologyManagerScope`."""
     reserved_system_cpus: Optional[
         Annotated[str, StringConstraints(pattern=r"^[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*$")]
     ] = None
@@ -76,12 +79,17 @@ class KubeletNumaConfig(Base):
 
 class GpuPoolBase(Base):
     name: Name
+    """Pool name; nodes carry the label `gpuinfra.io/pool: <name>`."""
     capacity: Capacity = "spot"
+    """`spot` or `on-demand`."""
     on_demand_fallback: bool = True
     """Create an on-demand fallback for a spot pool (a lower-weight NodePool / a 0-min node pool)."""
     min_nodes: int = Field(0, ge=0, le=1000)
+    """Minimum nodes (also the cost estimate's floor)."""
     max_nodes: int = Field(ge=1, le=1000)
+    """Maximum nodes; sets the NodePool GPU limit / autoscaler max."""
     labels: dict[str, str] = Field(default_factory=dict)
+    """Extra node labels."""
     kubelet: Optional[KubeletNumaConfig] = None
     """Overrides the cluster's `kubelet` for this pool."""
 
@@ -98,12 +106,17 @@ class GpuPoolBase(Base):
 
 class AwsGpuPool(GpuPoolBase):
     instance_families: list[str] = Field(default_factory=list)
+    """EC2 GPU families from the catalog, e.g. `g6`, `p5`."""
     instance_types_allowed: list[str] = Field(default_factory=list, alias="instance_types")
+    """EC2 GPU instance types from the catalog."""
     root_volume_gib: int = Field(200, ge=50, le=16384)
     """Encrypted gp3 root volume, sized for model caches."""
     consolidate_after: Duration = "10m"
+    """Karpenter `disruption.consolidateAfter`."""
     disruption_budget_nodes: Annotated[str, StringConstraints(pattern=r"^([0-9]+%?)$")] = "10%"
+    """Karpenter disruption budget (`nodes`), a count or a percentage."""
     expire_after: Duration = "720h"
+    """Karpenter `expireAfter`: node lifetime."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, use_attribute_docstrings=True)
 
@@ -155,13 +168,19 @@ class AwsGpuPool(GpuPoolBase):
 
 class GcpGpuPool(GpuPoolBase):
     machine_type: str
+    """GCE machine type with GPUs, from the catalog (e.g. `a3-highgpu-4g`)."""
     accelerator_type: Optional[str] = None
     """Defaults to the catalog's accelerator for `machine_type`; if set it must match."""
     accelerator_count: Optional[int] = Field(None, ge=1)
+    """Must match the machine type's GPU count when set."""
     disk_size_gb: int = Field(200, ge=50, le=65536)
+    """Boot disk size."""
     disk_type: Literal["pd-balanced", "pd-ssd", "hyperdisk-balanced"] = "pd-balanced"
+    """Boot disk type."""
     zones: list[str] = Field(default_factory=list)
+    """Node locations; must be in the cluster's region. Default: the cluster's zones."""
     gpu_driver_version: Literal["DEFAULT", "LATEST"] = "LATEST"
+    """GKE-managed NVIDIA driver version."""
 
     @field_validator("name")
     @classmethod
@@ -208,18 +227,27 @@ class ExistingGpuPool(Base):
     """A GPU node group on a cluster this platform does not manage."""
 
     name: Name
+    """Pool name used by placements."""
     gpu: str
+    """GPU model from the catalog, e.g. `L4`."""
     gpus_per_node: int = Field(ge=1, le=16)
+    """GPUs per node."""
     numa_nodes: int = Field(1, ge=1, le=8)
+    """NUMA nodes per node."""
     vcpus: int = Field(ge=2)
+    """vCPUs per node."""
     memory_gib: int = Field(ge=4)
+    """Memory per node."""
     capacity: Capacity = "on-demand"
+    """`spot` or `on-demand`."""
     node_selector: dict[str, str] = Field(min_length=1)
+    """Labels that select these nodes."""
     gpu_taint: bool = True
     """Whether the nodes carry the `nvidia.com/gpu:NoSchedule` taint (tolerated if so)."""
     topology_manager_policy: TopologyPolicy = "none"
     """What the existing nodes' kubelet is set to (validation only; nothing is changed)."""
     on_demand_fallback: bool = False
+    """Whether the nodes have an on-demand fallback (informational)."""
 
     @field_validator("gpu")
     @classmethod
@@ -252,22 +280,31 @@ class ExistingGpuPool(Base):
 
 class AwsNetwork(Base):
     vpc_cidr: Cidr = ipaddress.IPv4Network("10.0.0.0/16")
+    """VPC range (/20 or larger); split into public and private subnets per AZ."""
     availability_zones: int = Field(3, ge=2, le=6)
+    """Number of AZs with subnets."""
     single_nat_gateway: bool = False
     """One NAT gateway instead of one per AZ (cheaper, not zone-redundant)."""
 
 
 class EksEndpoint(Base):
     private_access: bool = True
+    """Private API endpoint inside the VPC."""
     public_access: bool = True
+    """Public API endpoint."""
     public_access_cidrs: list[Cidr] = Field(default_factory=lambda: [ipaddress.IPv4Network("0.0.0.0/0")])
+    """CIDRs allowed to the public endpoint."""
 
 
 class SystemNodeGroup(Base):
     instance_type: str = "m7i.xlarge"
+    """Instance type of the system nodes."""
     min_size: int = Field(2, ge=1)
+    """Minimum system nodes."""
     desired_size: int = Field(2, ge=1)
+    """Initial system nodes."""
     max_size: int = Field(4, ge=1)
+    """Maximum system nodes."""
 
     @model_validator(mode="after")
     def _sizes(self):
@@ -278,13 +315,18 @@ class SystemNodeGroup(Base):
 
 class CiliumConfig(Base):
     enabled: bool = True
+    """Install Cilium (no aws-node, no kube-proxy)."""
     hubble: bool = True
+    """Hubble with metrics."""
     bandwidth_manager: bool = True
+    """The bandwidth manager with BBR."""
 
 
 class KarpenterConfig(Base):
     interruption_queue: bool = True
+    """SQS interruption queue + EventBridge rules (required with spot pools)."""
     replicas: int = Field(2, ge=1, le=5)
+    """Karpenter controller replicas."""
     ami_alias: Annotated[str, StringConstraints(pattern=r"^al2023@(v[0-9]{8}|latest)$")] = "al2023@v20260512"
     """EC2NodeClass `amiSelectorTerms[].alias`: an AL2023 EKS AMI release (GPU types get the NVIDIA
     variant). `al2023@latest` follows AWS's recommended AMI and is refused in prod."""
@@ -292,17 +334,29 @@ class KarpenterConfig(Base):
 
 class AwsCluster(Base):
     cloud: Literal["aws"]
+    """`aws`: EKS + Karpenter."""
     name: Name
+    """Cluster name (EKS cluster, tags, object names)."""
     region: Annotated[str, StringConstraints(pattern=r"^[a-z]{2}(-gov)?-[a-z]+-[0-9]$")]
+    """AWS region, e.g. `us-east-1`."""
     kubernetes_version: Literal["1.33", "1.34", "1.35", "1.36"] = "1.35"
+    """EKS Kubernetes version."""
     network: AwsNetwork = AwsNetwork()
+    """The VPC."""
     endpoint: EksEndpoint = EksEndpoint()
+    """EKS API endpoint access."""
     secrets_encryption: bool = True
+    """Encrypt Kubernetes secrets with a KMS key."""
     system_node_group: SystemNodeGroup = SystemNodeGroup()
+    """The on-demand managed node group for controllers."""
     cilium: CiliumConfig = CiliumConfig()
+    """Cilium as the CNI with kube-proxy replacement."""
     karpenter: KarpenterConfig = KarpenterConfig()
+    """Karpenter settings."""
     kubelet: KubeletNumaConfig = KubeletNumaConfig()
+    """NUMA kubelet settings of the GPU nodes (nodeadm NodeConfig)."""
     gpu_pools: list[AwsGpuPool] = Field(min_length=1)
+    """GPU pools: a spot (or on-demand) NodePool each, plus an on-demand fallback."""
 
     @property
     def spot_notice_s(self) -> int:
@@ -335,9 +389,13 @@ for critical pods too (`shutdown_grace_period_critical_pods_seconds`), leaving 1
 
 class GcpNetwork(Base):
     subnet_cidr: Cidr = ipaddress.IPv4Network("10.10.0.0/20")
+    """Node subnet."""
     pods_cidr: Cidr = ipaddress.IPv4Network("10.20.0.0/14")
+    """Pods secondary range."""
     services_cidr: Cidr = ipaddress.IPv4Network("10.24.0.0/20")
+    """Services secondary range."""
     master_cidr: Cidr = ipaddress.IPv4Network("172.16.0.0/28")
+    """Control-plane range (/28)."""
 
     @field_validator("master_cidr")
     @classmethod
@@ -349,27 +407,42 @@ class GcpNetwork(Base):
 
 class GcpSystemPool(Base):
     machine_type: str = "e2-standard-4"
+    """Machine type of the system pool."""
     min_nodes: int = Field(1, ge=1)
+    """Minimum nodes per zone."""
     max_nodes: int = Field(3, ge=1)
+    """Maximum nodes per zone."""
 
 
 class GcpCluster(Base):
     cloud: Literal["gcp"]
+    """`gcp`: GKE with Dataplane V2."""
     name: Name
+    """Cluster name."""
     project: Annotated[str, StringConstraints(pattern=r"^[a-z][-a-z0-9]{4,28}[a-z0-9]$")]
+    """GCP project id."""
     region: Annotated[str, StringConstraints(pattern=r"^[a-z]+-[a-z]+[0-9]$")]
+    """GCP region, e.g. `us-central1`."""
     zonal: bool = False
     """A zonal cluster in the region's first GPU zone instead of a regional control plane."""
     release_channel: Literal["RAPID", "REGULAR", "STABLE"] = "REGULAR"
+    """GKE release channel."""
     network: GcpNetwork = GcpNetwork()
+    """VPC subnet and secondary ranges."""
     private_endpoint: bool = False
+    """Private control-plane endpoint only."""
     master_authorized_cidrs: list[Cidr] = Field(default_factory=list)
+    """CIDRs allowed to the control plane (the node subnet is always added)."""
     system_pool: GcpSystemPool = GcpSystemPool()
+    """The system node pool."""
     fallback_mode: Literal["node_pool", "compute_class"] = "node_pool"
+    """`node_pool` (an on-demand twin per spot pool) or `compute_class` (a GKE ComputeClass)."""
     preemption_notice_s: Literal[30, 120] = GKE_DEFAULT_SPOT_NOTICE_S
     """GKE's spot termination notice: 30 s by default, 120 s on GKE >= 1.35 when extended."""
     kubelet: KubeletNumaConfig = KubeletNumaConfig()
+    """NUMA kubelet settings of the GPU node pools (`kubelet_config`)."""
     gpu_pools: list[GcpGpuPool] = Field(min_length=1)
+    """GPU node pools."""
 
     @property
     def spot_notice_s(self) -> int:
@@ -415,20 +488,26 @@ class KubeconfigFromStack(Base):
     stack: Annotated[str, StringConstraints(pattern=r"^[^/\s]+/[^/\s]+/[^/\s]+$")]
     """Fully qualified `org/project/stack` of the stack that exports the kubeconfig."""
     output: str = "kubeconfig"
+    """The output holding the kubeconfig (or a map of them, see `key`)."""
     key: Optional[str] = None
     """When the output is a map (e.g. `kubeconfigs` keyed by cluster name), the entry to use."""
 
 
 class ExistingCluster(Base):
     cloud: Literal["existing"]
+    """`existing`: a cluster this platform does not manage."""
     name: Name
+    """Name used for objects and outputs."""
     kubeconfig_secret: Optional[Annotated[str, StringConstraints(pattern=r"^[a-zA-Z][a-zA-Z0-9_]*$")]] = None
     """Name of a secret config key (in this project) that holds the kubeconfig."""
     stack_reference: Optional[KubeconfigFromStack] = None
+    """Read the kubeconfig from another stack's output."""
     underlying_cloud: Literal["aws", "gcp", "other"] = "other"
     """Where the nodes run: sets the spot notice the serving drain budgets against."""
     region: str = "unknown"
+    """Informational region."""
     gpu_pools: list[ExistingGpuPool] = Field(min_length=1)
+    """The GPU node groups the cluster already has."""
 
     @model_validator(mode="after")
     def _one_source(self):
@@ -532,8 +611,11 @@ class EbpfAgentConfig(Base):
     metrics_port: Port = 9435
     """Port of the agent's Prometheus `/metrics` endpoint."""
     sockmap: SockmapConfig = SockmapConfig()
+    """Same-node socket redirection."""
     cuda_uprobes: CudaUprobesConfig = CudaUprobesConfig()
+    """CUDA call enqueue-latency histograms."""
     tcp_backpressure: TcpBackpressureConfig = TcpBackpressureConfig()
+    """TCP send backpressure counters."""
     cpu_millicores: int = Field(200, ge=50, le=4000)
     """CPU request and limit of the agent container."""
     memory_mib: int = Field(256, ge=64, le=8192)
@@ -589,18 +671,26 @@ class AlertThresholds(Base):
     queue_backlog: int = Field(10, ge=1)
     """Alert when `vllm:num_requests_waiting` stays above this per pod."""
     kv_cache_usage: float = Field(0.9, gt=0, le=1)
+    """Alert when `vllm:kv_cache_usage_perc` stays above this."""
     ttft_p99_seconds: float = Field(2.0, gt=0)
+    """Alert when p99 time-to-first-token exceeds this."""
     cuda_launch_p99_seconds: float = Field(0.001, gt=0)
+    """Alert when p99 `cudaLaunchKernel` enqueue time (eBPF agent) exceeds this."""
 
 
 class ObservabilityConfig(Base):
     install_prometheus_stack: bool = True
+    """Install kube-prometheus-stack (pinned) with its CRDs."""
     install_keda: bool = True
+    """Install KEDA (pinned) with its CRDs."""
     prometheus_release_label: str = "kube-prometheus-stack"
     """The `release` label value kube-prometheus-stack selects ServiceMonitors/rules by."""
     prometheus_url: str = "http://kube-prometheus-stack-prometheus.monitoring.svc:9090"
+    """Prometheus the autoscaler queries."""
     grafana_dashboards: bool = True
+    """Ship the Grafana dashboard ConfigMap."""
     alerts: AlertThresholds = AlertThresholds()
+    """Alert thresholds of the PrometheusRule."""
     monitoring_namespace: Name = "monitoring"
     """Where kube-prometheus-stack is installed (when install_prometheus_stack)."""
     keda_namespace: Name = "keda"
@@ -645,19 +735,31 @@ BYTES_PER_PARAM: dict[Optional[str], float] = {
 
 class VllmEngine(Base):
     tensor_parallel_size: int = Field(1, ge=1, le=16)
+    """`--tensor-parallel-size`; must divide the GPUs per node of every instance type in the pool."""
     pipeline_parallel_size: int = Field(1, ge=1, le=8)
+    """`--pipeline-parallel-size`; GPUs per replica = TP x PP (single node)."""
     gpu_memory_utilization: float = Field(0.90, gt=0, le=0.95)
+    """`--gpu-memory-utilization`, in (0, 0.95]."""
     max_model_len: int = Field(8192, ge=256, le=1_048_576)
+    """`--max-model-len`."""
     enable_chunked_prefill: bool = True
+    """`--enable-chunked-prefill` / `--no-enable-chunked-prefill`."""
     max_num_batched_tokens: Optional[int] = Field(None, ge=256)
+    """`--max-num-batched-tokens`; vLLM's default when unset."""
     max_num_seqs: Optional[int] = Field(None, ge=1, le=4096)
+    """`--max-num-seqs`; vLLM's default when unset."""
     quantization: Optional[Quantization] = None
+    """`--quantization`; `fp8` needs FP8 tensor cores (Ada/Hopper). Unset: bf16 weights."""
     kv_cache_dtype: KvCacheDtype = "auto"
+    """`--kv-cache-dtype`."""
     block_size: Optional[Literal[8, 16, 32, 64, 128]] = None
+    """`--block-size`; vLLM's default when unset."""
     enable_prefix_caching: bool = True
+    """`--enable-prefix-caching` / `--no-enable-prefix-caching`."""
     shutdown_timeout_s: Optional[int] = Field(None, ge=0, le=3600)
     """Default: the model's `drain.max_request_s`."""
     port: Port = 8000
+    """`--port` of the OpenAI-compatible server and /metrics."""
     image: str = VLLM_IMAGE
     """The vLLM OpenAI image; the flags are checked against VLLM_IMAGE's release."""
 
@@ -677,15 +779,20 @@ class ModelResources(Base):
     cpu: int = Field(ge=1, le=256)
     """Whole CPUs (requests == limits) so the static CPU manager pins them: Guaranteed QoS."""
     memory_gib: int = Field(ge=1, le=4096)
+    """Memory request == limit, GiB (includes /dev/shm)."""
     shm_size_gib: Optional[int] = Field(None, ge=1, le=1024)
     """/dev/shm size. Default: 2 GiB, or 4 GiB per GPU when tensor_parallel_size > 1."""
 
 
 class ModelCache(Base):
     kind: Literal["host_path", "pvc"] = "host_path"
+    """`host_path` (node-local NVMe) or `pvc` (a ReadWriteMany claim)."""
     host_path: str = "/mnt/models"
+    """Node directory for the model cache when `kind: host_path`."""
     pvc_size_gib: int = Field(500, ge=10)
+    """Size of the claim when `kind: pvc`."""
     storage_class: Optional[str] = None
+    """StorageClass of the claim; the cluster default when unset."""
     prewarm: bool = True
     """Warm the page cache with the weights (fadvise WILLNEED) in an initContainer."""
 
@@ -698,6 +805,7 @@ class Drain(Base):
     spot_drain_budget_s: Optional[int] = Field(None, ge=1, le=600)
     """Seconds the spot drain may take. Default: the cloud's notice minus a 5 s margin."""
     termination_buffer_s: int = Field(10, ge=0, le=300)
+    """Seconds added to preStop + shutdown for the grace period."""
     readiness_settle_s: int = Field(5, ge=0, le=60)
     """Time after readiness fails for endpoint removal to reach every proxy, before `running == 0`
     is trusted; part of (not added to) prestop_timeout_s and the spot drain budget."""
@@ -707,18 +815,26 @@ class Drain(Base):
 
 class Autoscaling(Base):
     enabled: bool = True
+    """Scale between the placement's min/max replicas; off: min_replicas fixed."""
     mode: Literal["keda", "hpa"] = "keda"
+    """`keda` (ScaledObject, Prometheus trigger) or `hpa` (autoscaling/v2 External metric)."""
     target_queue_depth: int = Field(5, ge=1)
     """Target `vllm:num_requests_waiting` per replica."""
     polling_interval_s: int = Field(15, ge=5)
+    """KEDA polling interval."""
     cooldown_s: int = Field(300, ge=30)
+    """KEDA cooldown before scaling to min."""
 
 
 class Placement(Base):
     cluster: Name
+    """Name of a cluster in `clusters`."""
     pool: Name
+    """Name of a GPU pool in that cluster."""
     min_replicas: int = Field(1, ge=0, le=100)
+    """Minimum replicas on this placement."""
     max_replicas: int = Field(ge=1, le=100)
+    """Maximum replicas on this placement."""
 
     @model_validator(mode="after")
     def _bounds(self):
@@ -729,23 +845,33 @@ class Placement(Base):
 
 class ModelConfig(Base):
     name: Name
+    """Config name of the model entry; names the Kubernetes objects (DNS label)."""
     model: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][-\w.]*/[-\w.]+$")]
     """Hugging Face repo id, `org/name`."""
     served_model_name: Optional[str] = None
+    """The `model` clients send. Default: `model`."""
     params_billion: float = Field(gt=0, le=2000)
+    """Parameter count in billions; sizes the weight-memory check."""
     gated: bool = False
     """A gated repo: needs the secret config key `hf_token`."""
     tier: Literal["primary", "economy"] = "primary"
+    """`primary`, or `economy` for a cheaper tier that takes a primary's overflow."""
     overflow_to: Optional[Name] = None
     """Name of an `economy`-tier model entry that takes this model's overflow."""
     min_kv_cache_gib: float = Field(2.0, gt=0)
     """KV-cache headroom that must remain after the weights at gpu_memory_utilization."""
     engine: VllmEngine = VllmEngine()
+    """vLLM engine settings (each maps to one `vllm serve` flag)."""
     resources: ModelResources
+    """CPU, memory and /dev/shm of the vLLM container."""
     cache: ModelCache = ModelCache()
+    """Where the weights are cached on the node and how they are pre-warmed."""
     drain: Drain = Drain()
+    """Zero-dropped-stream drain on rollout and spot interruption."""
     autoscaling: Autoscaling = Autoscaling()
+    """Replica autoscaling on `vllm:num_requests_waiting`."""
     placements: list[Placement] = Field(min_length=1)
+    """Where the model runs: one serving stack per (cluster, GPU pool)."""
 
     @property
     def served_name(self) -> str:
