@@ -20,3 +20,10 @@ def test_a_run_that_fails_inside_apply_does_not_poison_the_next():
 def test_secret_values_are_masked_but_keep_their_keys():
     assert _mask_leaves({"HF_TOKEN": "hf_abc", "n": [1, {"x": "y"}]}) == {"HF_TOKEN": MASK, "n": [MASK, {"x": MASK}]}
     assert _mask_leaves("plain") == MASK
+
+
+def test_integers_render_as_integers(dev_run):
+    """Struct numbers are doubles on the wire; manifests must carry 1, not 1.0 (CRD `integer` fields)."""
+    node_class = dev_run.by_type("kubernetes:karpenter.k8s.aws/v1:EC2NodeClass")[0]
+    hop = node_class.inputs["spec"]["metadataOptions"]["httpPutResponseHopLimit"]
+    assert hop == 1 and isinstance(hop, int), node_class.urn

@@ -136,6 +136,8 @@ def _unwrap(value: Any, path: str, secrets: list[str], mask: bool) -> Any:
         return [_unwrap(v, f"{path}[{i}]", secrets, mask) for i, v in enumerate(value)]
     if value == UNKNOWN:
         return "[unknown]"
+    if isinstance(value, float) and value.is_integer():
+        return int(value)  # protobuf Struct numbers are doubles; the program sent an int
     return value
 
 
