@@ -714,7 +714,10 @@ class Namespaces(Base):
     """Namespace of the eBPF agent and platform add-ons."""
 
 
-Quantization = Literal["fp8", "awq", "awq_marlin", "gptq", "gptq_marlin", "compressed-tensors", "bitsandbytes"]
+Quantization = Literal["fp8", "awq", "awq_marlin", "gptq", "gptq_marlin", "compressed-tensors"]
+"""`--quantization` values in the pinned vLLM's `QuantizationMethods` (vllm 0.32.0 and 0.33.0,
+vllm/model_executor/layers/quantization/__init__.py; vendored in tests/data/vllm/). `bitsandbytes`
+is no longer one: vLLM 0.32 rejects it with "Unknown quantization method"."""
 KvCacheDtype = Literal["auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2"]
 """`--kv-cache-dtype` choices that exist in the pinned vLLM (and every release since 0.11)."""
 
@@ -729,7 +732,6 @@ BYTES_PER_PARAM: dict[Optional[str], float] = {
     "awq_marlin": 0.5,
     "gptq": 0.5,
     "gptq_marlin": 0.5,
-    "bitsandbytes": 0.5,
 }
 
 

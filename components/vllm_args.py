@@ -8,6 +8,9 @@ the frontend `cli_args.py`), spelled as its argparse takes it:
 - the model is the positional `model_tag` of `vllm serve` (the image's entrypoint is
   `vllm serve`; we set `command` explicitly so the args never repeat `serve`);
 - `--swap-space` (removed in 0.18) and `--disable-log-requests` (removed in 0.12) are never emitted.
+
+tests/test_vllm_upstream.py checks every flag and its arity against the pinned release's own
+source (the PyPI wheel, extracted into tests/data/vllm/v<version>.json).
 """
 
 from __future__ import annotations
