@@ -721,7 +721,7 @@ is no longer one: vLLM 0.32 rejects it with "Unknown quantization method"."""
 KvCacheDtype = Literal["auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2"]
 """`--kv-cache-dtype` choices that exist in the pinned vLLM (and every release since 0.11)."""
 
-VLLM_IMAGE = "vllm/vllm-openai:v0.32.0"
+VLLM_IMAGE = "vllm/vllm-openai:v0.33.0"
 """The pinned vLLM OpenAI server image (newest release whose exact tag could be verified)."""
 
 BYTES_PER_PARAM: dict[Optional[str], float] = {

@@ -1,6 +1,6 @@
 """The `vllm serve` argument list, built from typed config for the pinned vLLM release.
 
-Every flag below exists in vLLM 0.32 (`vllm/engine/arg_utils.py`, `vllm/config/cache.py`,
+Every flag below exists in vLLM 0.33 and 0.32 (`vllm/engine/arg_utils.py`, `vllm/config/cache.py`,
 the frontend `cli_args.py`), spelled as its argparse takes it:
 
 - bool fields use `argparse.BooleanOptionalAction`, so they take no value and a default-on

@@ -28,7 +28,7 @@ def model(**engine) -> ModelConfig:
 
 
 def test_image_is_pinned_to_an_exact_release():
-    assert VLLM_IMAGE == "vllm/vllm-openai:v0.32.0"
+    assert VLLM_IMAGE == "vllm/vllm-openai:v0.33.0"
     assert VLLM_COMMAND == ["vllm", "serve"]
 
 
