@@ -1088,10 +1088,8 @@ def pool_reserved_cpus(pool: AnyPool) -> int:
 
 def _placements(s: StackConfig) -> list[str]:
     errs: list[str] = []
-    cat = load_catalog()
     for mi, m in enumerate(s.models):
         key = f"models[{mi}]"
-        e = m.engine
         if m.overflow_to is not None:
             target = next((x for x in s.models if x.name == m.overflow_to), None)
             if target is None:

@@ -7,7 +7,6 @@ import json
 import pytest
 
 from components.cilium_values import CILIUM_VERSION
-from components.config import pool_reserved_cpus
 from components.karpenter_specs import DEVICE_PLUGIN_VERSION, KARPENTER_VERSION
 from components.nodeadm import cpuset_size, parse_user_data
 from tests.conftest import stack_run

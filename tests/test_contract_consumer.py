@@ -9,9 +9,7 @@ from __future__ import annotations
 import asyncio
 import copy
 
-import pytest
 
-from gpuinfra_contract import ContractError
 from tests.support import validate_core_objects
 from tools import mock_outputs
 from tools.offline import ROOT, run_program

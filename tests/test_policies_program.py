@@ -11,7 +11,7 @@ import sys
 from typing import Any, Callable
 
 import pytest
-from pulumi_policy import EnforcementLevel, PolicyResource, ResourceValidationPolicy, StackValidationPolicy
+from pulumi_policy import EnforcementLevel, PolicyResource, ResourceValidationPolicy
 from pulumi_policy.deserialize import deserialize_properties
 from pulumi_policy.proxy import unknown_checking_proxy
 

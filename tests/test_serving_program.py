@@ -13,7 +13,7 @@ from components.config import VLLM_IMAGE
 from components.serving_addons import KEDA_CHART, KPS_CHART
 from components.serving_spec import HF_TOKEN_KEY, PYTHON_IMAGE, shared_service_name
 from components.vllm_args import vllm_args
-from tests.support import manifest, validate_core_objects
+from tests.support import validate_core_objects
 from tools.offline import PROJECT, parsed_config, run_program, stack_config
 
 SERVING = "gpuinfra:serving:VllmServing"

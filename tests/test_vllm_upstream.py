@@ -15,16 +15,17 @@ import json
 import re
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Optional, get_args
+from typing import Any, get_args
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from components.config import VLLM_IMAGE, KvCacheDtype, ModelConfig, Quantization, VllmEngine
+from components.config import VLLM_IMAGE, KvCacheDtype, Quantization, VllmEngine
 from components.vllm_args import FLAGS, REMOVED_FLAGS, vllm_args
 from tests.support import manifest
+from tests.test_vllm_args import model
 from tools.offline import ROOT
 
 EVIDENCE = Path(__file__).resolve().parent / "data" / "vllm"
@@ -42,20 +43,6 @@ def evidence(version: str) -> dict[str, Any]:
     path = EVIDENCE / f"v{version}.json"
     assert path.exists(), f"no vendored vLLM evidence for {version}: run tests/data/vllm/extract.py on its wheel"
     return json.loads(path.read_text())
-
-
-def model(download_dir: Optional[str] = None, **engine) -> ModelConfig:
-    return ModelConfig.model_validate(
-        {
-            "name": "m",
-            "model": "org/model-7b",
-            "served_model_name": "m7",
-            "params_billion": 7,
-            "engine": engine,
-            "resources": {"cpu": 8, "memory_gib": 64, "shm_size_gib": 16},
-            "placements": [{"cluster": "c", "pool": "p", "max_replicas": 2}],
-        }
-    )
 
 
 def literal(field: str) -> tuple:
@@ -129,7 +116,7 @@ def test_every_emitted_flag_exists_with_the_right_arity(upstream):
     version = upstream["provenance"]["version"]
     for engine in engine_variants():
         for download_dir in (None, "/models"):
-            args = vllm_args(model(download_dir, **engine), download_dir=download_dir)
+            args = vllm_args(model(**engine), download_dir=download_dir)
             assert command_line_errors(args, flags) == [], f"vllm {version}, engine {engine}: {args}"
 
 

@@ -9,7 +9,6 @@ import struct
 import threading
 import time
 
-import pytest
 
 from agent.programs import CudaLat, TcpBackpressure
 
