@@ -11,6 +11,7 @@ Metric names are the ones the pinned versions export:
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from components.config import AlertThresholds, ModelConfig
@@ -22,6 +23,18 @@ DRAIN_METRIC = "gpuinfra_drain_in_progress"
 
 def _sel(namespace: str, job: str) -> str:
     return f'namespace="{namespace}",job="{job}"'
+
+
+def pod_regex(deployment: str) -> str:
+    """PromQL regex (fully anchored) for the pods of one Deployment: `<name>-<rs hash>-<5 chars>`.
+
+    A bare `<name>-.*` would also match the pods of a Deployment whose name extends this one
+    (`llama-70b-.*` matches `llama-70b-economy-...`), mixing another tier's eBPF series in; the
+    hash segments contain no '-', so this form matches only this Deployment's pods. Names are DNS
+    labels (`[-a-z0-9]`), which need no regex escaping (and PromQL strings reject `\\-`)."""
+    if not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", deployment):
+        raise ValueError(f"{deployment!r} is not a DNS label")
+    return f"{deployment}-[a-z0-9]+-[a-z0-9]{{5}}"
 
 
 def alert_rules(m: ModelConfig, job: str, namespace: str, t: AlertThresholds) -> list[dict[str, Any]]:
@@ -64,7 +77,7 @@ def alert_rules(m: ModelConfig, job: str, namespace: str, t: AlertThresholds) ->
         rule(
             "CudaLaunchStall",
             f'histogram_quantile(0.99, sum by (le, pod) (rate({CUDA_METRIC}_bucket{{call="{CUDA_LAUNCH_CALL}",'
-            f'namespace="{namespace}",pod=~"{job}-.*"}}[5m]))) > {t.cuda_launch_p99_seconds:g}',
+            f'namespace="{namespace}",pod=~"{pod_regex(job)}"}}[5m]))) > {t.cuda_launch_p99_seconds:g}',
             "10m", "warning",
             f"{m.name}: cudaLaunchKernel enqueue p99 above {t.cuda_launch_p99_seconds * 1e3:g} ms "
             "on {{ $labels.pod }}",

@@ -7,10 +7,11 @@ eBPF agent's CUDA launch enqueue latency histogram and TCP send backpressure, an
 
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import Any
 
-from components.alerts import CUDA_LAUNCH_CALL, CUDA_METRIC, DRAIN_METRIC
+from components.alerts import CUDA_LAUNCH_CALL, CUDA_METRIC, DRAIN_METRIC, pod_regex
 from components.config import ModelConfig
 
 DASHBOARD_LABEL = {"grafana_dashboard": "1"}
@@ -40,9 +41,24 @@ def _quantiles(metric: str, sel: str) -> list[tuple[str, str]]:
     ]
 
 
+UID_MAX = 40
+"""Grafana's limit on a dashboard uid."""
+
+
+def dashboard_uid(namespace: str, name: str) -> str:
+    """A uid unique per (namespace, model entry), within Grafana's 40 characters. Plain truncation
+    would give `llama-3-1-70b-instruct` and `llama-3-1-70b-instruct-economy` one uid, and Grafana
+    would load only one of the two dashboards; a long uid keeps a readable prefix plus a hash."""
+    uid = f"vllm-{namespace}-{name}"
+    if len(uid) <= UID_MAX:
+        return uid
+    digest = hashlib.sha256(f"{namespace}/{name}".encode()).hexdigest()[:12]
+    return f"{uid[: UID_MAX - len(digest) - 1]}-{digest}"
+
+
 def dashboard(m: ModelConfig, job: str, namespace: str) -> dict[str, Any]:
     sel = f'namespace="{namespace}",job="{job}"'
-    wl = f'namespace="{namespace}",pod=~"{job}-.*"'
+    wl = f'namespace="{namespace}",pod=~"{pod_regex(job)}"'
     panels = [
         _panel(1, "Time to first token", _quantiles("vllm:time_to_first_token_seconds", sel), "s", 0, 0),
         _panel(2, "Inter-token latency", _quantiles("vllm:inter_token_latency_seconds", sel), "s", 12, 0),
@@ -73,7 +89,7 @@ def dashboard(m: ModelConfig, job: str, namespace: str) -> dict[str, Any]:
         _panel(8, "Draining pods", [(f"sum by (reason) ({DRAIN_METRIC}{{{sel}}})", "{{reason}}")], "short", 12, 24),
     ]
     return {
-        "uid": f"vllm-{namespace}-{m.name}"[:40],
+        "uid": dashboard_uid(namespace, m.name),
         "title": f"vLLM {m.name} ({m.tier})",
         "tags": ["vllm", "gpuinfra", m.tier],
         "timezone": "browser",

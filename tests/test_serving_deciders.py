@@ -12,10 +12,10 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from components.alerts import CUDA_LAUNCH_CALL, CUDA_METRIC, alert_rules, prometheus_rule_spec
+from components.alerts import CUDA_LAUNCH_CALL, CUDA_METRIC, alert_rules, pod_regex, prometheus_rule_spec
 from components.cluster import GPU_TOLERATION, GpuPoolInfo
 from components.config import AlertThresholds, ModelConfig
-from components.dashboard import DASHBOARD_LABEL, dashboard
+from components.dashboard import DASHBOARD_LABEL, UID_MAX, dashboard, dashboard_uid
 from components.serving_autoscale import hpa_spec, scaled_object_spec
 from components.serving_spec import (
     PYTHON_IMAGE,
@@ -187,6 +187,52 @@ def test_dashboard_covers_the_required_panels():
     assert len({p["id"] for p in d["panels"]}) == len(d["panels"])
     assert DASHBOARD_LABEL == {"grafana_dashboard": "1"}
     json.dumps(d)
+
+
+_DNS = st.from_regex(r"\A[a-z]([-a-z0-9]{0,20}[a-z0-9])?\Z")
+_HASH = st.from_regex(r"\A[bcdfghjklmnpqrstvwxz2456789]{6,10}\Z")
+_SUFFIX = st.from_regex(r"\A[bcdfghjklmnpqrstvwxz2456789]{5}\Z")
+
+
+@given(name=_DNS, extra=_DNS, rs=_HASH, suffix=_SUFFIX)
+def test_pod_regex_matches_only_its_own_deployments_pods(name, extra, rs, suffix):
+    """`<name>-.*` would also take `<name>-<extra>`'s pods (the economy tier of `llama-70b` is
+    `llama-70b-economy`); PromQL regexes are fully anchored, like re.fullmatch."""
+    rx = pod_regex(name)
+    assert re.fullmatch(rx, f"{name}-{rs}-{suffix}"), rx
+    assert not re.fullmatch(rx, f"{name}-{extra}-{rs}-{suffix}"), (rx, extra)
+
+
+def test_ebpf_series_of_a_tier_exclude_the_longer_named_tier():
+    economy_pod = "llama-70b-economy-7d9f8c6b5-x2k9q"
+    rules = {r["alert"]: r for r in alert_rules(model(name="llama-70b"), "llama-70b", "ns", AlertThresholds())}
+    exprs = [rules["CudaLaunchStall"]["expr"]] + [
+        t["expr"] for p in dashboard(model(name="llama-70b"), "llama-70b", "ns")["panels"]
+        for t in p["targets"] if "ebpf_" in t["expr"]
+    ]
+    assert len(exprs) == 3
+    for expr in exprs:
+        (rx,) = set(re.findall(r'pod=~"([^"]+)"', expr))
+        assert re.fullmatch(rx, "llama-70b-7d9f8c6b5-x2k9q"), expr
+        assert not re.fullmatch(rx, economy_pod), f"{expr} also selects {economy_pod}"
+
+
+def test_dashboard_uids_stay_distinct_and_within_grafanas_limit():
+    primary = dashboard_uid("llm-serving", "llama-3-1-70b-instruct-primary")
+    economy = dashboard_uid("llm-serving", "llama-3-1-70b-instruct-economy")
+    assert primary != economy, "primary and economy tiers must not share a Grafana dashboard uid"
+    assert max(len(primary), len(economy)) <= UID_MAX
+    assert dashboard_uid("llm-serving", "llama") == "vllm-llm-serving-llama"
+    d = dashboard(model(name="llama-3-1-70b-instruct-economy"), "x", "llm-serving")
+    assert d["uid"] == economy
+
+
+@given(ns=_DNS, stem=st.from_regex(r"\A[a-z][a-z0-9]{20,30}\Z"), t1=_DNS, t2=_DNS)
+def test_dashboard_uid_is_short_and_injective(ns, stem, t1, t2):
+    """Entries sharing a long common prefix (`<stem>-<tier>`) still get distinct uids."""
+    a, b = dashboard_uid(ns, f"{stem}-{t1}"), dashboard_uid(ns, f"{stem}-{t2}")
+    assert len(a) <= UID_MAX and len(b) <= UID_MAX
+    assert (a == b) == (t1 == t2), (a, b)
 
 
 def test_runtime_ships_both_scripts():
