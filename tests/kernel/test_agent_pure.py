@@ -91,3 +91,14 @@ def test_config_flags_env_and_errors():
         config.parse(["--programs", "sockredir,bogus"], environ={})
     with pytest.raises(SystemExit):
         config.parse(["--ports", "70000"], environ={})
+
+
+def test_exported_bucket_bounds_are_the_documented_ones():
+    """bpf/README.md's metrics table states the histogram's bucket range; keep it true."""
+    import os
+
+    buckets = log2_to_cumulative([0] * 40)
+    first, last = float(buckets[0][0]), float(buckets[-2][0])
+    assert (first, last) == (2 ** (FIRST_SLOT + 1) / 1e9, 2 ** (LAST_SLOT + 1) / 1e9)
+    readme = open(os.path.join(conftest.BPF_DIR, "README.md"), encoding="utf-8").read()
+    assert f"buckets {first * 1e6:.3f} µs … {last:.1f} s" in readme, (first, last)
