@@ -1102,8 +1102,19 @@ def _placements(s: StackConfig) -> list[str]:
                     f"{key}.overflow_to: '{m.overflow_to}' must be an economy-tier entry with the same "
                     f"served model name ('{m.served_name}')"
                 )
+        placed_on: dict[str, int] = {}
         for pi, pl in enumerate(m.placements):
             pkey = f"{key}.placements[{pi}]"
+            # One serving stack per (cluster, model): its objects, Service URL and contract entry
+            # are keyed by the pair, so a second placement on the same cluster would collide.
+            if pl.cluster in placed_on:
+                errs.append(
+                    f"{pkey}.cluster: model '{m.name}' is already placed on cluster '{pl.cluster}' "
+                    f"({key}.placements[{placed_on[pl.cluster]}]); allowed: one placement per cluster "
+                    f"(use another model entry to serve it from a second pool)"
+                )
+                continue
+            placed_on[pl.cluster] = pi
             if pl.cluster not in s._cluster_index:
                 errs.append(
                     f"{pkey}.cluster: no cluster named '{pl.cluster}'; allowed: "

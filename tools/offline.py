@@ -154,13 +154,23 @@ def _struct(msg) -> dict[str, Any]:
     return json_format.MessageToDict(msg, preserving_proto_field_name=True) if msg is not None else {}
 
 
+class DuplicateUrnError(Exception):
+    """Two resources registered under one URN (the engine's "Duplicate resource URN" error)."""
+
+
 class _RecordingMonitor(pmocks.MockMonitor):
     def __init__(self, mocks: "_Mocks", run: ProgramRun):
         super().__init__(mocks)
         self.run = run
+        self.seen_urns: set[str] = set()
 
     def RegisterResource(self, request):
         resp = super().RegisterResource(request)
+        # The real engine refuses a second resource with the same URN; the mock monitor does not,
+        # so a name collision would otherwise render (and pass tests) but fail `pulumi up`.
+        if resp.urn in self.seen_urns:
+            raise DuplicateUrnError(f"Duplicate resource URN '{resp.urn}'; try giving it a unique name")
+        self.seen_urns.add(resp.urn)
         if request.type != "pulumi:pulumi:Stack":
             obj = _struct(request.object)
             secrets: list[str] = []
