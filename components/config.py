@@ -332,6 +332,10 @@ class KarpenterConfig(Base):
     variant). `al2023@latest` follows AWS's recommended AMI and is refused in prod."""
 
 
+CILIUM_CLUSTER_NAME_MAX = 32
+"""Cilium's `cluster.name` limit (the EKS cluster name is passed as it)."""
+
+
 class AwsCluster(Base):
     cloud: Literal["aws"]
     """`aws`: EKS + Karpenter."""
@@ -367,6 +371,14 @@ class AwsCluster(Base):
 
     @model_validator(mode="after")
     def _aws_rules(self):
+        if self.cilium.enabled and len(self.name) > CILIUM_CLUSTER_NAME_MAX:
+            # The name becomes Cilium's `cluster.name`, which the agent refuses above 32 characters
+            # (cilium pkg/clustermesh/types/option.go: "at most 32 lower case alphanumeric characters").
+            raise ValueError(
+                f"name: '{self.name}' is {len(self.name)} characters; Cilium's cluster.name takes at "
+                f"most {CILIUM_CLUSTER_NAME_MAX}; allowed: at most {CILIUM_CLUSTER_NAME_MAX} characters "
+                f"(or cilium.enabled: false)"
+            )
         if self.cilium.enabled and not self.endpoint.private_access:
             raise ValueError(
                 "endpoint.private_access: Cilium's kube-proxy replacement reaches the API server from "
@@ -937,6 +949,15 @@ class ModelConfig(Base):
                     raise ValueError(
                         f"placements[{i}].min_replicas: 0 needs autoscaling.mode keda (an HPA cannot "
                         f"scale to zero); allowed: >= 1"
+                    )
+        if self.autoscaling.enabled and self.tier == "primary":
+            for i, p in enumerate(self.placements):
+                if p.min_replicas < 1:
+                    raise ValueError(
+                        f"placements[{i}].min_replicas: 0 on a primary-tier model never scales up "
+                        f"again (its only autoscaling signal is its own pods' "
+                        f"vllm:num_requests_waiting); allowed: >= 1, or tier: economy (an economy "
+                        f"entry wakes on the primary's backlog)"
                     )
         return self
 

@@ -56,6 +56,10 @@ CASES = [
      ["clusters[0]", "network.vpc_cidr", "allowed: a /20 or larger"]),
     ("one-az", "dev", _set("clusters[0].network", {"vpc_cidr": "10.40.0.0/16", "availability_zones": 1}),
      ["clusters[0].network.availability_zones", "greater than or equal to 2"]),
+    # Cilium's agent refuses a cluster.name over 32 characters (pkg/clustermesh/types/option.go).
+    ("cluster-name-too-long-for-cilium", "dev",
+     _both(_set("clusters[0].name", "c" * 33), _set("models[0].placements[0].cluster", "c" * 33)),
+     ["clusters[0].name", "33 characters", "allowed: at most 32 characters"]),
     ("spot-without-interruption-queue", "dev", _set("clusters[0].karpenter", {"interruption_queue": False}),
      ["clusters[0].karpenter.interruption_queue", "allowed: true"]),
 ]
@@ -95,3 +99,12 @@ def test_cilium_off_keeps_aws_node_and_kube_proxy():
         assert "startupTaints" not in np.inputs["spec"]["template"]["spec"], np.urn
     policies = [str(r.inputs["policyArn"]) for r in run.by_type("aws:iam/rolePolicyAttachment:RolePolicyAttachment")]
     assert any(p.endswith("AmazonEKS_CNI_Policy") for p in policies)
+
+
+def test_a_32_character_cluster_name_reaches_cilium_values():
+    name = "c" * 32
+    edit = _both(_set("clusters[0].name", name), _set("models[0].placements[0].cluster", name))
+    run = run_program("dev", config=mutated("dev", edit), raise_errors=False)
+    assert run.error is None, run.error
+    (rel,) = [r for r in run.by_type("kubernetes:helm.sh/v3:Release") if r.inputs.get("chart") == "cilium"]
+    assert rel.inputs["values"]["cluster"]["name"] == name, rel.urn
