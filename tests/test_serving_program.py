@@ -263,10 +263,11 @@ def _engine(**kw):
         ("dev", lambda c: (c[MODELS][0]["autoscaling"].update(mode="hpa"),
                            c[MODELS][0]["placements"][0].update(min_replicas=0)), "models[0].placements[0].min_replicas"),
         ("dev", lambda c: c[MODELS][0]["drain"].update(readiness_settle_s=60), "models[0].drain.readiness_settle_s"),
+        ("prod", lambda c: c[MODELS][0]["placements"][1].update(min_replicas=0), "models[0].placements[1].min_replicas"),
         ("dev", lambda c: c.setdefault(OBS, {}).update(prometheus_url="http://prom.other.svc:9090"), "observability.prometheus_url"),
     ],
     ids=["tp-too-large", "quantization", "kv-dtype", "shm-too-small", "drain-budget", "latest-image",
-         "hpa-scale-to-zero", "settle", "prometheus-url"],
+         "hpa-scale-to-zero", "settle", "primary-scale-to-zero", "prometheus-url"],
 )
 def test_bad_serving_config_is_rejected_naming_the_key(stack, edit, key):
     msg, resources = _broken(stack, edit)
