@@ -28,7 +28,7 @@ class PlatformReference:
             source = f"outputs of stack '{stack}'"
         plain = {key: self.reference.get_output(key) for key in PLAIN_OUTPUTS}
         self.outputs: pulumi.Output[PlatformOutputs] = pulumi.Output.all(**plain).apply(
-            lambda values: PlatformOutputs.parse(values, source)
+            lambda values: PlatformOutputs.parse(_present(values), source)
         )
         self._source = source
 
@@ -48,6 +48,12 @@ class PlatformReference:
         """The cluster's kubeconfig, always a secret."""
         raw = self.reference.get_output("kubeconfigs")
         return pulumi.Output.secret(raw.apply(lambda k: _kubeconfig(k, cluster, self._source)))
+
+
+def _present(values: dict[str, Any]) -> dict[str, Any]:
+    """A StackReference reads an output the stack does not have as None: treat it as missing, so
+    the error says `missing key 'models'` rather than that None is not a mapping."""
+    return {k: v for k, v in values.items() if v is not None}
 
 
 def _cluster(o: PlatformOutputs, name: str) -> Cluster:

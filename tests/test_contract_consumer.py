@@ -110,3 +110,12 @@ def test_consumer_missing_kubeconfigs_output_is_named(monkeypatch, dev_run):
     run = _run_consumer(monkeypatch, outputs)
     assert run.error is not None
     assert "missing key 'kubeconfigs'" in f"{run.error}\n{run.log}"
+
+
+def test_consumer_names_a_missing_top_level_output(monkeypatch, dev_run):
+    """Through a StackReference an absent output reads as None; the error must still say 'missing key'."""
+    outputs = {k: v for k, v in dev_run.raw_outputs.items() if k != "models"}
+    run = _run_consumer(monkeypatch, outputs)
+    assert run.error is not None
+    text = f"{run.error}\n{run.log}"
+    assert "missing key 'models'" in text and "acme/gpu-inference-platform/dev" in text, text[-2000:]
