@@ -30,8 +30,15 @@ def releases(run: ProgramRun, chart: str):
     return [r for r in run.by_type(RELEASE) if r.inputs.get("chart", "").endswith(chart)]
 
 
+def one_per_aws_cluster(run: ProgramRun, found: list, what: str) -> list:
+    """`found` has one entry per AWS cluster of the stack, so a loop over it cannot pass vacuously."""
+    want = len(aws_clusters(run.stack))
+    assert want >= 1 and len(found) == want, f"{run.stack}: expected {want} {what}, found {[r.urn for r in found]}"
+    return found
+
+
 def test_no_kube_proxy_or_aws_node_when_cilium_is_on(run):
-    for eks in run.by_type("eks:index:Cluster"):
+    for eks in one_per_aws_cluster(run, run.by_type("eks:index:Cluster"), "EKS clusters"):
         i = eks.inputs
         assert i["bootstrapSelfManagedAddons"] is False, eks.urn
         assert i["kubeProxyAddonOptions"] == {"enabled": False}, eks.urn
@@ -48,7 +55,7 @@ def test_no_kube_proxy_or_aws_node_when_cilium_is_on(run):
 
 
 def test_coredns_comes_after_cilium(run):
-    for coredns in run.by_type("aws:eks/addon:Addon"):
+    for coredns in one_per_aws_cluster(run, run.by_type("aws:eks/addon:Addon"), "CoreDNS add-ons"):
         cluster = coredns.name.rsplit("-coredns", 1)[0]
         (release,) = [r for r in releases(run, "cilium") if r.name == f"{cluster}-cilium-release"]
         assert release.urn in coredns.dependencies, f"{coredns.urn} must wait for {release.urn}"
@@ -56,7 +63,7 @@ def test_coredns_comes_after_cilium(run):
 
 
 def test_system_node_group_is_on_demand_and_waits_for_cilium(run):
-    for ng in run.by_type("aws:eks/nodeGroup:NodeGroup"):
+    for ng in one_per_aws_cluster(run, run.by_type("aws:eks/nodeGroup:NodeGroup"), "system node groups"):
         assert ng.inputs["capacityType"] == "ON_DEMAND", ng.urn
         assert {"key": "node.cilium.io/agent-not-ready", "value": "true", "effect": "NO_EXECUTE"} in ng.inputs["taints"], ng.urn
 
@@ -75,7 +82,7 @@ def test_private_subnets_across_azs_with_nat_and_discovery_tags(run):
 
 
 def test_interruption_queue_with_rules_targeting_it(run):
-    for q in run.by_type("aws:sqs/queue:Queue"):
+    for q in one_per_aws_cluster(run, run.by_type("aws:sqs/queue:Queue"), "interruption queues"):
         assert q.inputs["sqsManagedSseEnabled"] is True, q.urn
         assert q.inputs["messageRetentionSeconds"] == 300, q.urn
         arn = f"arn:aws:sqs:us-east-1:123456789012:{q.inputs['name']}"
@@ -83,6 +90,7 @@ def test_interruption_queue_with_rules_targeting_it(run):
         assert len(targets) >= 4, f"{q.urn}: {len(targets)} EventBridge targets"
         rule_names = {t.inputs["rule"] for t in targets}
         rules = [r for r in run.by_type("aws:cloudwatch/eventRule:EventRule") if r.inputs.get("name", r.name) in rule_names or r.name in rule_names]
+        assert len(rules) == len(targets), f"{q.urn}: every target's rule exists"
         detail = {json.loads(r.inputs["eventPattern"])["detail-type"][0] for r in rules}
         assert "EC2 Spot Instance Interruption Warning" in detail and "AWS Health Event" in detail
         (policy,) = [p for p in run.by_type("aws:sqs/queuePolicy:QueuePolicy") if p.parent == q.parent]
@@ -91,7 +99,7 @@ def test_interruption_queue_with_rules_targeting_it(run):
 
 
 def test_karpenter_values_name_the_queue_and_crds_come_first(run):
-    for ctrl in releases(run, "karpenter/karpenter"):
+    for ctrl in one_per_aws_cluster(run, releases(run, "karpenter/karpenter"), "Karpenter releases"):
         q = [x for x in run.by_type("aws:sqs/queue:Queue") if x.parent == ctrl.parent]
         assert ctrl.inputs["values"]["settings"]["interruptionQueue"] == q[0].inputs["name"], ctrl.urn
         assert ctrl.inputs["version"] == KARPENTER_VERSION and ctrl.inputs["skipCrds"] is True
@@ -144,7 +152,7 @@ def test_nodepools_reference_their_nodeclass_and_wait_for_it(run):
 
 
 def test_cilium_values_have_kpr_and_socket_lb(run):
-    for rel in releases(run, "cilium"):
+    for rel in one_per_aws_cluster(run, releases(run, "cilium"), "Cilium releases"):
         v = rel.inputs["values"]
         assert rel.inputs["version"] == CILIUM_VERSION
         assert v["kubeProxyReplacement"] is True and v["socketLB"]["enabled"] is True, rel.urn
@@ -153,7 +161,7 @@ def test_cilium_values_have_kpr_and_socket_lb(run):
 
 
 def test_device_plugin_on_gpu_pool_nodes(run):
-    for rel in releases(run, "nvidia-device-plugin"):
+    for rel in one_per_aws_cluster(run, releases(run, "nvidia-device-plugin"), "device plugin releases"):
         v = rel.inputs["values"]
         assert rel.inputs["version"] == DEVICE_PLUGIN_VERSION
         assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in v["tolerations"]
@@ -170,7 +178,8 @@ def test_platform_layers_use_the_clusters_kubernetes_provider(run):
 
 
 def test_prod_endpoint_is_private():
-    for eks in stack_run("prod").by_type("eks:index:Cluster"):
+    run = stack_run("prod")
+    for eks in one_per_aws_cluster(run, run.by_type("eks:index:Cluster"), "EKS clusters"):
         assert eks.inputs["endpointPublicAccess"] is False and eks.inputs["endpointPrivateAccess"] is True, eks.urn
 
 
@@ -187,7 +196,9 @@ def test_reserved_cpus_match_the_validation_model():
     from components.config import AwsCluster  # noqa: F401 - the model the stack file was parsed into
 
     run = stack_run("prod")
-    for nc in run.by_type(NODECLASS):
+    classes = run.by_type(NODECLASS)
+    assert len(classes) == sum(len(c["gpu_pools"]) for c in aws_clusters("prod")), [r.urn for r in classes]
+    for nc in classes:
         (doc,) = parse_user_data(nc.inputs["spec"]["userData"])
         n = cpuset_size(doc["spec"]["kubelet"]["config"]["reservedSystemCPUs"])
         assert str(n) == nc.inputs["spec"]["kubelet"]["kubeReserved"]["cpu"], nc.urn
