@@ -74,6 +74,8 @@ def format_validation_error(err: ValidationError, stack: str) -> str:
             msg = "required key is missing"
         elif e["type"] == "union_tag_invalid":
             msg = "unknown cloud; allowed: aws, gcp, existing"
+        elif e["type"] == "union_tag_not_found":
+            path, msg = f"{path}.cloud", "required key is missing; allowed: aws, gcp, existing"
         for line in msg.splitlines():
             lines.append(f"  - {_qualify(path, line)}")
     return f"invalid config for stack '{stack}':\n" + "\n".join(lines)

@@ -111,6 +111,8 @@ CASES: list[tuple[str, str, Callable[[dict[str, Any]], None], list[str]]] = [
      ["environment", "required key is missing"]),
     ("unknown-cloud", "dev", _set("clusters[0].cloud", "azure"),
      ["clusters[0]", "allowed: aws, gcp, existing"]),
+    ("cluster-without-cloud", "dev", _delete("clusters[0].cloud"),
+     ["clusters[0].cloud", "required key is missing", "allowed: aws, gcp, existing"]),
     ("bad-environment", "dev", _set("environment", "qa"),
      ["environment", "'dev', 'staging' or 'prod'"]),
     ("unknown-instance-type", "dev", _set("clusters[0].gpu_pools[0].instance_types", ["m5.large"]),
