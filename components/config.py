@@ -74,7 +74,8 @@ class KubeletNumaConfig(Base):
     reserved_system_cpus: Optional[
         Annotated[str, StringConstraints(pattern=r"^[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*$")]
     ] = None
-    """A cpuset such as `0-1`. Default: derived from the node's vCPUs (see deciders)."""
+    """A cpuset such as `0-1` (AWS only: GKE reserves CPUs itself). Default: derived from the node's
+    vCPUs (see deciders)."""
 
 
 class GpuPoolBase(Base):
@@ -379,6 +380,19 @@ class AwsCluster(Base):
                 f"most {CILIUM_CLUSTER_NAME_MAX}; allowed: at most {CILIUM_CLUSTER_NAME_MAX} characters "
                 f"(or cilium.enabled: false)"
             )
+        for j, pool in enumerate(self.gpu_pools):
+            key = f"gpu_pools[{j}].kubelet" if pool.kubelet is not None else "kubelet"
+            kubelet = pool.kubelet or self.kubelet
+            if kubelet.cpu_manager_policy != "static" or not kubelet.reserved_system_cpus:
+                continue
+            cpus = cpuset_cpus(kubelet.reserved_system_cpus)
+            smallest = min(t.vcpus for t in pool.instance_types)
+            if max(cpus) >= smallest or len(cpus) > smallest // 2:
+                raise ValueError(
+                    f"{key}.reserved_system_cpus: '{kubelet.reserved_system_cpus}' does not fit "
+                    f"gpu_pools[{j}] ('{pool.name}', smallest type {smallest} vCPUs); allowed: CPU ids "
+                    f"below {smallest}, at most {smallest // 2} of them"
+                )
         if self.cilium.enabled and not self.endpoint.private_access:
             raise ValueError(
                 "endpoint.private_access: Cilium's kube-proxy replacement reaches the API server from "
@@ -481,6 +495,18 @@ class GcpCluster(Base):
                 raise ValueError(
                     f"gpu_pools[{i}].machine_type: {pool.machine_type} ({acc}) is not offered in "
                     f"region {self.region}; regions with {acc}: {_allowed(regions)}"
+                )
+        return self
+
+    @model_validator(mode="after")
+    def _no_reserved_cpuset(self):
+        # GKE's kubelet_config has no reservedSystemCPUs: GKE sizes the CPU reservation itself.
+        keys = [("kubelet", self.kubelet)] + [(f"gpu_pools[{j}].kubelet", p.kubelet) for j, p in enumerate(self.gpu_pools)]
+        for key, kubelet in keys:
+            if kubelet is not None and kubelet.reserved_system_cpus is not None:
+                raise ValueError(
+                    f"{key}.reserved_system_cpus: GKE's node pool kubelet_config cannot set "
+                    f"reservedSystemCPUs (GKE reserves CPUs itself); allowed: unset on gcp clusters"
                 )
         return self
 
@@ -1101,6 +1127,24 @@ def reserved_cpus_for(vcpus: int) -> int:
     return 4
 
 
+def cpuset_cpus(cpuset: str) -> set[int]:
+    """The CPU ids of a kubelet cpuset string such as `0-1,4,6-7`."""
+    out: set[int] = set()
+    for part in cpuset.split(","):
+        lo, _, hi = part.partition("-")
+        out |= set(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def effective_reserved_cpus(cluster: Any, pool: AnyPool) -> int:
+    """CPUs the kubelet holds back on `pool`'s nodes: an explicit `reserved_system_cpus` cpuset
+    (AWS nodeadm) when set, else the derived `pool_reserved_cpus`."""
+    kubelet = None if isinstance(pool, ExistingGpuPool) else (pool.kubelet or cluster.kubelet)
+    if kubelet is not None and kubelet.cpu_manager_policy == "static" and kubelet.reserved_system_cpus:
+        return len(cpuset_cpus(kubelet.reserved_system_cpus))
+    return pool_reserved_cpus(pool)
+
+
 def pool_reserved_cpus(pool: AnyPool) -> int:
     """CPUs reserved on every node of `pool`: one kubelet config serves all of its instance types
     (one EC2NodeClass per pool), so the largest type's reservation applies to all of them."""
@@ -1152,13 +1196,15 @@ def _placements(s: StackConfig) -> list[str]:
                 continue
             pj, pool = pools[pl.pool]
             pool_key = f"clusters[{ci}].gpu_pools[{pj}]"
-            errs += _fit(key, m, pool, pool_key, pool_topology_policy(cluster, pool))
+            errs += _fit(
+                key, m, pool, pool_key, pool_topology_policy(cluster, pool), effective_reserved_cpus(cluster, pool)
+            )
             if pool.capacity == "spot":
                 errs += _drain_budget(key, m, cluster, ci)
     return errs
 
 
-def _fit(key: str, m: ModelConfig, pool: AnyPool, pool_key: str, policy: str) -> list[str]:
+def _fit(key: str, m: ModelConfig, pool: AnyPool, pool_key: str, policy: str, reserved: int) -> list[str]:
     errs: list[str] = []
     e = m.engine
     gpus = e.gpus_per_replica
@@ -1192,7 +1238,6 @@ def _fit(key: str, m: ModelConfig, pool: AnyPool, pool_key: str, policy: str) ->
                 f"({t.gpu.architecture}) lacks ({where}); allowed GPUs: "
                 f"{_allowed(g.model for g in load_catalog().gpus.values() if g.fp8)}"
             )
-        reserved = pool_reserved_cpus(pool)
         if m.resources.cpu > t.vcpus - reserved:
             errs.append(
                 f"{key}.resources.cpu: {m.resources.cpu} CPUs exceed the {t.vcpus - reserved} "

@@ -60,6 +60,11 @@ CASES = [
     ("cluster-name-too-long-for-cilium", "dev",
      _both(_set("clusters[0].name", "c" * 33), _set("models[0].placements[0].cluster", "c" * 33)),
      ["clusters[0].name", "33 characters", "allowed: at most 32 characters"]),
+    # An explicit reserved cpuset is what the kubelet holds back: validation must count it.
+    ("reserved-cpuset-larger-than-the-node", "dev", _set("clusters[0].kubelet", {"reserved_system_cpus": "0-15"}),
+     ["clusters[0].kubelet.reserved_system_cpus", "smallest type 8 vCPUs", "allowed: CPU ids below 8"]),
+    ("reserved-cpuset-leaves-too-few-cpus", "dev", _set("clusters[0].kubelet", {"reserved_system_cpus": "0-3"}),
+     ["models[0].resources.cpu", "6 CPUs exceed the 4 allocatable"]),
     ("spot-without-interruption-queue", "dev", _set("clusters[0].karpenter", {"interruption_queue": False}),
      ["clusters[0].karpenter.interruption_queue", "allowed: true"]),
 ]

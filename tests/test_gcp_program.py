@@ -140,8 +140,12 @@ def _idx() -> int:
          "gpu_pools[0].zones", "not zones of region us-central1"),
         (lambda c: c["gpu_pools"][0].update(name="h" * 38),
          "gpu_pools[0].name", "at most 37 characters"),
+        # GKE's kubelet_config has no reservedSystemCPUs: the key would silently do nothing.
+        (lambda c: c["gpu_pools"][1].update(kubelet={"reserved_system_cpus": "0-1"}),
+         "gpu_pools[1].kubelet.reserved_system_cpus", "allowed: unset on gcp clusters"),
     ],
-    ids=["machine-without-gpu", "accelerator-count", "accelerator-type", "region-without-gpu", "zone-outside-region", "pool-name-too-long"],
+    ids=["machine-without-gpu", "accelerator-count", "accelerator-type", "region-without-gpu", "zone-outside-region",
+         "pool-name-too-long", "reserved-cpuset-on-gke"],
 )
 def test_bad_gcp_input_names_the_key_and_registers_nothing(mutate, key, detail):
     run = _prod_with(mutate)
