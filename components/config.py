@@ -88,7 +88,8 @@ class GpuPoolBase(Base):
     min_nodes: int = Field(0, ge=0, le=1000)
     """Minimum nodes (also the cost estimate's floor)."""
     max_nodes: int = Field(ge=1, le=1000)
-    """Maximum nodes; sets the NodePool GPU limit / autoscaler max."""
+    """Maximum nodes per capacity type: the spot pool and its on-demand fallback can each grow to this
+    (the NodePool GPU limit / the autoscaler's max), so a pool with a fallback can reach twice it."""
     labels: dict[str, str] = Field(default_factory=dict)
     """Extra node labels."""
     kubelet: Optional[KubeletNumaConfig] = None

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from components.cluster import GpuPoolInfo
+from components.cluster import CAPACITY_LABEL, POOL_LABEL, GpuPoolInfo
 from components.config import SPOT_NOTICE_MARGIN_S, ModelConfig, Placement
 from components.vllm_args import VLLM_COMMAND, vllm_args
 
@@ -130,12 +130,18 @@ def prewarm_budget_bytes(m: ModelConfig) -> int:
 
 
 def node_affinity(pool: GpuPoolInfo) -> dict[str, Any]:
+    """Required: the pool's nodes. Preferred: its spot nodes, when an on-demand fallback shares the
+    pool label, so replicas land on spot whenever spot nodes have room (the fallback's lower
+    priority for the workload)."""
     exprs = [{"key": k, "operator": "In", "values": [v]} for k, v in sorted(pool.node_selector.items())]
-    return {
-        "nodeAffinity": {
-            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": exprs}]}
-        }
+    affinity: dict[str, Any] = {
+        "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": exprs}]}
     }
+    if pool.capacity == "spot" and pool.on_demand_fallback and POOL_LABEL in pool.node_selector:
+        affinity["preferredDuringSchedulingIgnoredDuringExecution"] = [
+            {"weight": 100, "preference": {"matchExpressions": [{"key": CAPACITY_LABEL, "operator": "In", "values": ["spot"]}]}}
+        ]
+    return {"nodeAffinity": affinity}
 
 
 def topology_spread(m: ModelConfig) -> list[dict[str, Any]]:

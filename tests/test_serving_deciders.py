@@ -77,6 +77,20 @@ def test_affinity_and_tolerations_follow_the_pool():
     assert spec["tolerations"] == [GPU_TOLERATION]
 
 
+def test_spot_pools_with_a_fallback_prefer_spot_nodes():
+    import dataclasses
+
+    pref = node_affinity(POOL)["nodeAffinity"].get("preferredDuringSchedulingIgnoredDuringExecution")
+    assert pref == [{"weight": 100, "preference": {"matchExpressions": [
+        {"key": "gpuinfra.io/capacity", "operator": "In", "values": ["spot"]}]}}]
+    no_fallback = dataclasses.replace(POOL, capacity="spot", on_demand_fallback=False)
+    assert "preferredDuringSchedulingIgnoredDuringExecution" not in node_affinity(no_fallback)["nodeAffinity"]
+    on_demand = dataclasses.replace(POOL, capacity="on-demand", on_demand_fallback=False)
+    assert "preferredDuringSchedulingIgnoredDuringExecution" not in node_affinity(on_demand)["nodeAffinity"]
+    existing = dataclasses.replace(POOL, capacity="spot", on_demand_fallback=True, node_selector={"team/gpu": "l4"})
+    assert "preferredDuringSchedulingIgnoredDuringExecution" not in node_affinity(existing)["nodeAffinity"]
+
+
 def test_spread_is_hard_across_nodes_and_soft_across_zones():
     keys = {c["topologyKey"]: c["whenUnsatisfiable"] for c in topology_spread(model())}
     assert keys == {"kubernetes.io/hostname": "DoNotSchedule", "topology.kubernetes.io/zone": "ScheduleAnyway"}

@@ -9,6 +9,7 @@ import json
 
 import pytest
 
+from components.cluster import CAPACITY_LABEL
 from components.config import VLLM_IMAGE
 from components.serving_addons import KEDA_CHART, KPS_CHART
 from components.serving_spec import HF_TOKEN_KEY, PYTHON_IMAGE, shared_service_name
@@ -273,3 +274,13 @@ def test_bad_serving_config_is_rejected_naming_the_key(stack, edit, key):
     msg, resources = _broken(stack, edit)
     assert key in msg, msg
     assert resources == [], f"{len(resources)} resources registered before the config error"
+
+
+def test_replicas_prefer_spot_over_the_on_demand_fallback(prod_run):
+    """Spot and fallback nodes share the pool label; the pods' preference is what ranks them."""
+    deployments = [d for d in prod_run.by_type("kubernetes:apps/v1:Deployment") if "vllm" in json.dumps(d.inputs)]
+    assert deployments
+    for d in deployments:
+        aff = d.inputs["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]
+        pref = aff.get("preferredDuringSchedulingIgnoredDuringExecution")
+        assert pref and pref[0]["preference"]["matchExpressions"][0]["key"] == CAPACITY_LABEL, d.urn
