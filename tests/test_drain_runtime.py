@@ -459,3 +459,14 @@ def test_settings_defaults_are_the_pod_layout():
     assert s.providers == ()
     assert s.aws_endpoint == "http://169.254.169.254"
     assert s.gce_endpoint == "http://metadata.google.internal"
+
+
+def test_unreachable_metadata_is_counted_every_poll_but_logged_sparingly(caplog):
+    """On EKS with IMDS hop limit 1 every poll fails: count each, log 1 in 60."""
+    st = drain_mod.State()
+    with caplog.at_level("WARNING", logger="gpuinfra.drain"):
+        for _ in range(120):
+            drain_mod._log_poll_error(st, "aws", "connection refused")
+    assert st.errors["aws"] == 120
+    assert [r.getMessage().split("; ")[-1] for r in caplog.records] == [
+        "1 failed polls so far)", "60 failed polls so far)", "120 failed polls so far)"]

@@ -353,6 +353,16 @@ def pollers(s: Settings) -> dict[str, object]:
     return out
 
 
+def _log_poll_error(st: "State", provider: str, what: str) -> None:
+    """Count a failed poll; log the first and then one in 60, since on a node whose metadata
+    service is unreachable from pods (EKS with IMDS hop limit 1) every poll fails."""
+    with st.lock:
+        st.errors[provider] += 1
+        n = st.errors[provider]
+    if n == 1 or n % 60 == 0:
+        log.warning("%s metadata: %s (not a notice; %d failed polls so far)", provider, what, n)
+
+
 def watch(s: Settings, stop: Optional[threading.Event] = None) -> int:
     """The sidecar: serve /ready, poll for a notice, drain on one, then exit 0."""
     stop = stop or threading.Event()
@@ -372,14 +382,10 @@ def watch(s: Settings, stop: Optional[threading.Event] = None) -> int:
                 try:
                     notice = src.notice()
                 except MetadataError as e:
-                    with st.lock:
-                        st.errors[provider] += 1
-                    log.warning("%s metadata: %s (not a notice)", provider, e)
+                    _log_poll_error(st, provider, f"{e}")
                     continue
                 except Exception as e:  # noqa: BLE001 - a poller bug must never kill the sidecar
-                    with st.lock:
-                        st.errors[provider] += 1
-                    log.warning("%s metadata poll raised %r (not a notice)", provider, e)
+                    _log_poll_error(st, provider, f"poll raised {e!r}")
                     continue
                 if notice:
                     with st.lock:
