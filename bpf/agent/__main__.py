@@ -6,11 +6,12 @@ import logging
 import signal
 import sys
 import threading
+import time
 
 from prometheus_client import REGISTRY, start_http_server
 
 from . import config
-from .cgroups import CgroupResolver, find_cgroup2_mount
+from .cgroups import CgroupGc, CgroupResolver, find_cgroup2_mount
 from .metrics import AgentCollector
 from .programs import CudaLat, SockRedir, TcpBackpressure, Unit
 
@@ -46,14 +47,27 @@ def main(argv: list[str] | None = None) -> int:
     for u in units:
         if u.start():
             log.info("program %s loaded", u.name)
-    REGISTRY.register(AgentCollector(units, CgroupResolver(cgroup_path, s.containers_log_dir, s.pods_log_dir)))
+    resolver = CgroupResolver(cgroup_path, s.containers_log_dir, s.pods_log_dir)
+    REGISTRY.register(AgentCollector(units, resolver))
+    gc = CgroupGc(CgroupResolver(cgroup_path, s.containers_log_dir, s.pods_log_dir), units)
     server, thread = start_http_server(s.metrics_port, addr=s.metrics_addr)
     log.info("serving /metrics on %s:%d; cgroup2 %s", s.metrics_addr, s.metrics_port, cgroup_path)
+    tick = min(s.cuda_rescan_seconds, s.cgroup_gc_seconds)
+    last_rescan = last_gc = time.monotonic()
     try:
-        while not stop.wait(s.cuda_rescan_seconds):
-            for u in units:
-                if isinstance(u, CudaLat) and u.loaded:
-                    u.rescan()
+        while not stop.wait(tick):
+            now = time.monotonic()
+            if now - last_rescan >= s.cuda_rescan_seconds:
+                last_rescan = now
+                for u in units:
+                    if isinstance(u, CudaLat) and u.loaded:
+                        u.rescan()
+            if now - last_gc >= s.cgroup_gc_seconds:
+                last_gc = now
+                try:
+                    gc.run()
+                except OSError as e:  # a failed pass is retried next time; metrics keep flowing
+                    log.warning("cgroup gc: %s", e)
     finally:
         for u in units:
             u.stop()

@@ -15,6 +15,7 @@ import os
 import re
 import time
 from dataclasses import dataclass
+from typing import Iterable
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +120,11 @@ class CgroupResolver:
             if parsed:
                 self._pods[parsed[2]] = parsed[:2]
 
+    def missing(self, cgroup_ids: Iterable[int]) -> set[int]:
+        """Re-walk the hierarchy now and return the ids that are not in it."""
+        self.refresh()
+        return {i for i in cgroup_ids if i not in self._paths}
+
     def lookup(self, cgroup_id: int) -> Workload:
         if cgroup_id not in self._paths and time.monotonic() - self._last >= self.min_refresh:
             self.refresh()
@@ -126,6 +132,40 @@ class CgroupResolver:
         if path is None:
             return Workload(cgroup=f"id:{cgroup_id}")
         return resolve(path, self._containers, self._pods)
+
+
+def confirmed_dead(previous_missing: set[int], now_missing: set[int]) -> set[int]:
+    """Ids missing from two walks in a row: a cgroup being created while one walk ran is not
+    dropped (its counters would reset)."""
+    return previous_missing & now_missing
+
+
+class CgroupGc:
+    """Drops per-cgroup map entries of deleted cgroups (pods come and go; the maps are bounded)."""
+
+    def __init__(self, resolver: CgroupResolver, units: Iterable) -> None:
+        self.resolver, self.units = resolver, [u for u in units if hasattr(u, "prune")]
+        self._missing: set[int] = set()
+
+    def ids(self) -> set[int]:
+        out: set[int] = set()
+        for u in self.units:
+            if not u.loaded:
+                continue
+            rows = u.histograms() if hasattr(u, "histograms") else u.counts()
+            out |= {row[0] for row in rows}
+        return out
+
+    def run(self) -> int:
+        """One pass; returns how many map entries were dropped."""
+        now_missing = self.resolver.missing(self.ids())
+        dead = confirmed_dead(self._missing, now_missing)
+        self._missing = now_missing - dead
+        if not dead:
+            return 0
+        dropped = sum(u.prune(dead) for u in self.units if u.loaded)
+        log.info("dropped %d map entries of %d deleted cgroups", dropped, len(dead))
+        return dropped
 
 
 def _listdir(path: str) -> list[str]:

@@ -24,6 +24,7 @@ class Settings:
     cuda_libs: tuple[str, ...]
     cuda_scan: bool
     cuda_rescan_seconds: float
+    cgroup_gc_seconds: float
     proc_dir: str
     tcpbp_mode: str
     tcpbp_threshold_pct: int
@@ -75,6 +76,7 @@ FLAGS = [
     ("--cuda-libs", _csv, "", "Comma list of libcudart.so*/libcuda.so* paths to probe in addition to the /proc scan."),
     ("--cuda-scan", _bool, "true", "Scan /proc/*/maps for mapped libcudart.so*/libcuda.so* (needs hostPID)."),
     ("--cuda-rescan-seconds", float, "30", "How often to rescan /proc for new CUDA libraries."),
+    ("--cgroup-gc-seconds", float, "300", "How often to drop map entries of deleted cgroups (after two walks agree)."),
     ("--proc-dir", str, "/proc", "procfs to scan (the host's, with hostPID)."),
     ("--tcpbp-mode", str, "auto", "auto (fentry, else tracepoint), fentry or tracepoint."),
     ("--tcpbp-threshold-pct", int, "80", "Send queue share of sk_sndbuf (1..100) that counts as backpressure."),
@@ -101,6 +103,6 @@ def parse(argv: list[str] | None = None, environ: dict[str, str] | None = None) 
         bpf_dir=a.bpf_dir, programs=a.programs, ports=a.ports, cgroup_path=a.cgroup_path,
         pin_dir=a.pin_dir, unpin_on_exit=a.unpin_on_exit, metrics_addr=a.metrics_addr,
         metrics_port=a.metrics_port, cuda_libs=tuple(a.cuda_libs), cuda_scan=a.cuda_scan,
-        cuda_rescan_seconds=a.cuda_rescan_seconds, proc_dir=a.proc_dir, tcpbp_mode=a.tcpbp_mode,
+        cuda_rescan_seconds=a.cuda_rescan_seconds, cgroup_gc_seconds=a.cgroup_gc_seconds, proc_dir=a.proc_dir, tcpbp_mode=a.tcpbp_mode,
         tcpbp_threshold_pct=a.tcpbp_threshold_pct, containers_log_dir=a.containers_log_dir,
         pods_log_dir=a.pods_log_dir, log_level=a.log_level)

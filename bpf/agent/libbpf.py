@@ -40,6 +40,7 @@ _sig("bpf_map__unpin", ctypes.c_int, _vp, _cp)
 _sig("bpf_prog_attach", ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_uint)
 _sig("bpf_prog_detach2", ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int)
 _sig("bpf_map_lookup_elem", ctypes.c_int, ctypes.c_int, _vp, _vp)
+_sig("bpf_map_delete_elem", ctypes.c_int, ctypes.c_int, _vp)
 _sig("bpf_map_get_next_key", ctypes.c_int, ctypes.c_int, _vp, _vp)
 _sig("bpf_map_delete_elem", ctypes.c_int, ctypes.c_int, _vp)
 _sig("libbpf_num_possible_cpus", ctypes.c_int)
@@ -136,6 +137,10 @@ class Map:
         if _lib.bpf_map_lookup_elem(self.fd, kbuf, vbuf):
             return None
         return vbuf.raw
+
+    def delete(self, key: bytes) -> bool:
+        kbuf = ctypes.create_string_buffer(key, len(key))
+        return _lib.bpf_map_delete_elem(self.fd, kbuf) == 0
 
     def items(self, key_size: int, value_size: int) -> list[tuple[bytes, bytes]]:
         out = []

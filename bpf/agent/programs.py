@@ -183,6 +183,11 @@ class CudaLat(Unit):
     def probes(self) -> int:
         return len(self.links)
 
+    def prune(self, dead: set[int]) -> int:
+        """Drop the histograms of cgroups that no longer exist; returns how many entries went."""
+        m = self.obj.map("cuda_call_enqueue_seconds")
+        return sum(m.delete(k) for k in m.keys(CUDA_HIST_KEY.size) if CUDA_HIST_KEY.unpack(k)[0] in dead)
+
     def histograms(self) -> list[tuple[int, str, list[int], int]]:
         """(cgroup id, call name, log2 slot counts, sum ns) for every (cgroup, call)."""
         out = []
@@ -229,6 +234,11 @@ class TcpBackpressure(Unit):
         self.obj.load()
         for prog in use:
             self.links.append(self.obj.program(prog).attach())
+
+    def prune(self, dead: set[int]) -> int:
+        """Drop the counters of cgroups that no longer exist; returns how many entries went."""
+        m = self.obj.map("tcp_send_backpressure")
+        return sum(m.delete(k) for k in m.keys(8) if struct.unpack("=Q", k)[0] in dead)
 
     def counts(self) -> list[tuple[int, int, int, int]]:
         """(cgroup id, samples, events, blocked)."""

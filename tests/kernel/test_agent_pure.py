@@ -102,3 +102,10 @@ def test_exported_bucket_bounds_are_the_documented_ones():
     assert (first, last) == (2 ** (FIRST_SLOT + 1) / 1e9, 2 ** (LAST_SLOT + 1) / 1e9)
     readme = open(os.path.join(conftest.BPF_DIR, "README.md"), encoding="utf-8").read()
     assert f"buckets {first * 1e6:.3f} µs … {last:.1f} s" in readme, (first, last)
+
+
+def test_a_cgroup_is_dead_only_when_two_walks_miss_it():
+    from agent.cgroups import confirmed_dead
+
+    assert confirmed_dead(set(), {7, 8}) == set()
+    assert confirmed_dead({7, 8}, {8, 9}) == {8}

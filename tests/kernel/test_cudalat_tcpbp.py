@@ -114,3 +114,32 @@ def test_backpressure_slow_reader_counts_fast_reader_does_not(bpf_build, test_cg
         assert slow_ratio > 0.2 and slow_ratio >= 2 * fast_ratio, (slow_ratio, fast_ratio)
     finally:
         unit.stop()
+
+
+def test_gc_drops_entries_of_deleted_cgroups_only(bpf_build, cuda_stubs, cgroup2_root, test_cgroup, pin_dir):
+    """Pods come and go; their per-cgroup histogram entries must not fill the bounded map."""
+    import uuid
+
+    from agent.cgroups import CgroupGc, CgroupResolver
+    from tests.kernel.conftest import _in_cgroup
+
+    unit = CudaLat(name="cudalat", bpf_dir=bpf_build, pin_dir=pin_dir, unpin_on_exit=True,
+                   libraries=(cuda_stubs["libcudart"],), scan_proc=None)
+    assert unit.start(), unit.error
+    try:
+        rt = ctypes.CDLL(cuda_stubs["libcudart"])
+        rt.cudaLaunchKernel(None, 1, 1, None, 0, None)  # in test_cgroup, which stays
+        gone = os.path.join(cgroup2_root, f"gpuinfra-gc-{uuid.uuid4().hex[:8]}")
+        os.mkdir(gone)
+        with _in_cgroup(gone):
+            rt.cudaLaunchKernel(None, 1, 1, None, 0, None)
+        gone_id, live_id = _cgroup_id(gone), _cgroup_id(test_cgroup)
+        os.rmdir(gone)
+        assert {live_id, gone_id} <= {cg for cg, *_ in unit.histograms()}
+        gc = CgroupGc(CgroupResolver(cgroup2_root), [unit])
+        assert gc.run() == 0, "one walk is not enough to drop an entry"
+        assert gc.run() == 1
+        ids = {cg for cg, *_ in unit.histograms()}
+        assert gone_id not in ids and live_id in ids, ids
+    finally:
+        unit.stop()
