@@ -25,7 +25,8 @@ class Gpu:
 
 @dataclass(frozen=True)
 class InstanceType:
-    cloud: Cloud
+    cloud: Literal["aws", "gcp", "existing"]
+    """`existing`: a node shape described in config for a cluster this platform does not manage."""
     name: str
     gpu: Gpu
     gpu_count: int

@@ -263,7 +263,7 @@ class ExistingGpuPool(Base):
     def instance_types(self) -> list[InstanceType]:
         return [
             InstanceType(
-                cloud="aws",  # placeholder cloud tag: the shape is what matters for validation
+                cloud="existing",
                 name=f"existing:{self.name}",
                 gpu=load_catalog().gpus[self.gpu],
                 gpu_count=self.gpus_per_node,
