@@ -11,10 +11,10 @@ APT_PACKAGES := $(shell grep -hv '^\s*\#' bpf/apt-packages.txt 2>/dev/null)
 .PHONY: render test deps apt-deps bench policy-check clean
 .DELETE_ON_ERROR:
 
-$(VENV)/.installed: requirements.txt requirements-dev.txt
+$(VENV)/.installed: requirements.txt requirements-dev.txt constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -r requirements-dev.txt
+	$(PY) -m pip install --quiet -r requirements-dev.txt -c constraints.txt
 	touch $@
 
 deps: $(VENV)/.installed
