@@ -254,6 +254,10 @@ def irsa_trust(oidc_provider_arn: str, oidc_issuer: str, namespace: str, service
     }
 
 
+LAUNCHED_RESOURCE_KINDS = ("fleet", "instance", "volume", "network-interface", "launch-template", "spot-instances-request")
+"""EC2 resource kinds Karpenter creates (and tags) when it launches a node."""
+
+
 def controller_policy(
     cluster_name: str, region: str, partition: str, account: str, queue_arn: str | None, node_role_arn: str
 ) -> dict[str, Any]:
@@ -291,10 +295,7 @@ def controller_policy(
         {
             "Sid": "AllowScopedEC2InstanceActionsWithTags",
             "Effect": "Allow",
-            "Resource": [
-                f"{arn}:ec2:{region}:*:{kind}/*"
-                for kind in ("fleet", "instance", "volume", "network-interface", "launch-template", "spot-instances-request")
-            ],
+            "Resource": [f"{arn}:ec2:{region}:*:{kind}/*" for kind in LAUNCHED_RESOURCE_KINDS],
             "Action": ["ec2:RunInstances", "ec2:CreateFleet", "ec2:CreateLaunchTemplate"],
             "Condition": {
                 "StringEquals": req_owned,
@@ -304,10 +305,7 @@ def controller_policy(
         {
             "Sid": "AllowScopedResourceCreationTagging",
             "Effect": "Allow",
-            "Resource": [
-                f"{arn}:ec2:{region}:*:{kind}/*"
-                for kind in ("fleet", "instance", "volume", "network-interface", "launch-template", "spot-instances-request")
-            ],
+            "Resource": [f"{arn}:ec2:{region}:*:{kind}/*" for kind in LAUNCHED_RESOURCE_KINDS],
             "Action": "ec2:CreateTags",
             "Condition": {
                 "StringEquals": {**req_owned, "ec2:CreateAction": ["RunInstances", "CreateFleet", "CreateLaunchTemplate"]},
