@@ -21,10 +21,6 @@ CUDA_LAUNCH_CALL = "cudaLaunchKernel"
 DRAIN_METRIC = "gpuinfra_drain_in_progress"
 
 
-def _sel(namespace: str, job: str) -> str:
-    return f'namespace="{namespace}",job="{job}"'
-
-
 def pod_regex(deployment: str) -> str:
     """PromQL regex (fully anchored) for the pods of one Deployment: `<name>-<rs hash>-<5 chars>`.
 
@@ -37,8 +33,19 @@ def pod_regex(deployment: str) -> str:
     return f"{deployment}-[a-z0-9]+-[a-z0-9]{{5}}"
 
 
+def job_selector(namespace: str, job: str) -> str:
+    """PromQL label matchers for one model entry's vLLM series (the job label is its Service name)."""
+    return f'namespace="{namespace}",job="{job}"'
+
+
+def pod_selector(namespace: str, deployment: str) -> str:
+    """PromQL label matchers for the eBPF agent's series about one Deployment's pods (the agent's
+    series carry the workload's namespace and pod, not a job)."""
+    return f'namespace="{namespace}",pod=~"{pod_regex(deployment)}"'
+
+
 def alert_rules(m: ModelConfig, job: str, namespace: str, t: AlertThresholds) -> list[dict[str, Any]]:
-    sel = _sel(namespace, job)
+    sel = job_selector(namespace, job)
     labels = {"model": m.name, "tier": m.tier}
 
     def rule(alert: str, expr: str, for_: str, severity: str, summary: str, description: str) -> dict[str, Any]:
@@ -77,7 +84,7 @@ def alert_rules(m: ModelConfig, job: str, namespace: str, t: AlertThresholds) ->
         rule(
             "CudaLaunchStall",
             f'histogram_quantile(0.99, sum by (le, pod) (rate({CUDA_METRIC}_bucket{{call="{CUDA_LAUNCH_CALL}",'
-            f'namespace="{namespace}",pod=~"{pod_regex(job)}"}}[5m]))) > {t.cuda_launch_p99_seconds:g}',
+            f'{pod_selector(namespace, job)}}}[5m]))) > {t.cuda_launch_p99_seconds:g}',
             "10m", "warning",
             f"{m.name}: cudaLaunchKernel enqueue p99 above {t.cuda_launch_p99_seconds * 1e3:g} ms "
             "on {{ $labels.pod }}",

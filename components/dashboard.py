@@ -11,7 +11,7 @@ import hashlib
 import json
 from typing import Any
 
-from components.alerts import CUDA_LAUNCH_CALL, CUDA_METRIC, DRAIN_METRIC, pod_regex
+from components.alerts import CUDA_LAUNCH_CALL, CUDA_METRIC, DRAIN_METRIC, job_selector, pod_selector
 from components.config import ModelConfig
 
 DASHBOARD_LABEL = {"grafana_dashboard": "1"}
@@ -57,8 +57,8 @@ def dashboard_uid(namespace: str, name: str) -> str:
 
 
 def dashboard(m: ModelConfig, job: str, namespace: str) -> dict[str, Any]:
-    sel = f'namespace="{namespace}",job="{job}"'
-    wl = f'namespace="{namespace}",pod=~"{pod_regex(job)}"'
+    sel = job_selector(namespace, job)
+    wl = pod_selector(namespace, job)
     panels = [
         _panel(1, "Time to first token", _quantiles("vllm:time_to_first_token_seconds", sel), "s", 0, 0),
         _panel(2, "Inter-token latency", _quantiles("vllm:inter_token_latency_seconds", sel), "s", 12, 0),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from components.alerts import job_selector
 from components.config import ModelConfig, Placement
 
 KEDA_API = "keda.sh/v1alpha1"
@@ -18,7 +19,7 @@ EXTERNAL_METRIC = "vllm_num_requests_waiting"
 
 def waiting_query(namespace: str, job: str) -> str:
     """Requests waiting in this model entry's replicas (the job label is its Service name)."""
-    return f'sum(vllm:num_requests_waiting{{namespace="{namespace}",job="{job}"}})'
+    return f"sum(vllm:num_requests_waiting{{{job_selector(namespace, job)}}})"
 
 
 def served_waiting_query(namespace: str, served_name: str) -> str:
