@@ -2,20 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import kubernetes_validate
 
 from components.config import K8S_VERSIONS
-from tools.offline import ProgramRun, Registered
+from tools.offline import ProgramRun, manifest
 
 # Validate against the newest Kubernetes version the stacks may pin.
 SCHEMA_VERSION = max(K8S_VERSIONS, key=lambda v: tuple(int(x) for x in v.split("."))) + ".0"
-
-
-def manifest(r: Registered) -> dict[str, Any]:
-    """A rendered Kubernetes object as `kubectl apply` would take it."""
-    return {k: v for k, v in r.inputs.items() if not k.startswith("__")}
 
 
 def validate_core_objects(run: ProgramRun) -> int:

@@ -64,6 +64,11 @@ class Registered:
         )
 
 
+def manifest(r: Registered) -> dict[str, Any]:
+    """A rendered Kubernetes object as `kubectl apply` would take it (no engine-internal `__` keys)."""
+    return {k: v for k, v in r.inputs.items() if not k.startswith("__")}
+
+
 @dataclass
 class ProgramRun:
     stack: str
@@ -97,16 +102,12 @@ class ProgramRun:
 
     def component_of(self, r: Registered) -> Optional[Registered]:
         """The nearest `gpuinfra:` component that `r` lives under."""
-        index = self.by_urn()
-        cur = index.get(r.parent)
-        while cur is not None:
-            if cur.type.startswith("gpuinfra:"):
-                return cur
-            cur = index.get(cur.parent)
-        return None
+        return next((a for a in self.ancestors(r) if a.type.startswith("gpuinfra:")), None)
 
     def ancestors(self, r: Registered) -> list[Registered]:
-        index, out, cur = self.by_urn(), [], self.by_urn().get(r.parent)
+        """`r`'s parent, its parent, ... up to the top (the stack itself is not recorded)."""
+        index, out = self.by_urn(), []
+        cur = index.get(r.parent)
         while cur is not None:
             out.append(cur)
             cur = index.get(cur.parent)

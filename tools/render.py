@@ -25,7 +25,7 @@ import yaml
 
 from components.config_loader import ConfigError
 from components.cost import cost_table_lines, estimate_stack_cost
-from tools.offline import ROOT, ProgramRun, Registered, available_stacks, parsed_config, run_program
+from tools.offline import ROOT, ProgramRun, Registered, available_stacks, manifest, parsed_config, run_program
 
 
 def _component_name(run: ProgramRun, r: Registered) -> str:
@@ -52,7 +52,7 @@ def kubernetes_manifests(run: ProgramRun) -> dict[str, list[dict[str, Any]]]:
     """Kubernetes objects grouped by the component that owns them."""
     out: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in run.kubernetes_objects():
-        out[_component_name(run, r)].append({k: v for k, v in r.inputs.items() if not k.startswith("__")})
+        out[_component_name(run, r)].append(manifest(r))
     return dict(out)
 
 
