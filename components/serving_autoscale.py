@@ -37,36 +37,34 @@ def _behavior(m: ModelConfig) -> dict[str, Any]:
     }
 
 
+def _prometheus_trigger(name: str, prometheus_url: str, query: str, threshold: int, activation: int) -> dict[str, Any]:
+    return {
+        "type": "prometheus",
+        "name": name,
+        "metadata": {
+            "serverAddress": prometheus_url,
+            "query": query,
+            "threshold": str(threshold),
+            "activationThreshold": str(activation),
+        },
+    }
+
+
 def scaled_object_spec(
     m: ModelConfig, placement: Placement, deployment: str, namespace: str, prometheus_url: str
 ) -> dict[str, Any]:
     a = m.autoscaling
     triggers = [
-        {
-            "type": "prometheus",
-            "name": "queue",
-            "metadata": {
-                "serverAddress": prometheus_url,
-                "query": waiting_query(namespace, deployment),
-                "threshold": str(a.target_queue_depth),
-                "activationThreshold": "0",
-            },
-        }
+        _prometheus_trigger("queue", prometheus_url, waiting_query(namespace, deployment), a.target_queue_depth, 0)
     ]
     if m.tier == "economy":
         # The economy tier scales on the primary's backlog too, so it can wake from zero before
         # the gateway sends it overflow.
         triggers.append(
-            {
-                "type": "prometheus",
-                "name": "overflow",
-                "metadata": {
-                    "serverAddress": prometheus_url,
-                    "query": served_waiting_query(namespace, m.served_name),
-                    "threshold": str(a.target_queue_depth),
-                    "activationThreshold": str(a.target_queue_depth),
-                },
-            }
+            _prometheus_trigger(
+                "overflow", prometheus_url, served_waiting_query(namespace, m.served_name),
+                a.target_queue_depth, a.target_queue_depth,
+            )
         )
     return {
         "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": deployment},
