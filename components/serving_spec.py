@@ -42,6 +42,8 @@ TIER_LABEL = "gpuinfra.io/tier"
 MODEL_LABEL = "gpuinfra.io/model"
 SERVED_LABEL = "gpuinfra.io/served-model"
 OVERFLOW_ANNOTATION = "gpuinfra.io/overflow-to"
+ROLE_LABEL = "gpuinfra.io/service-role"
+"""`tier` on the per-entry Service (the one the ServiceMonitor scrapes), `shared` on the shared one."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -417,8 +419,25 @@ def shared_service_spec(m: ModelConfig) -> dict[str, Any]:
     }
 
 
+def shared_service_labels(m: ModelConfig, base: dict[str, str]) -> dict[str, str]:
+    """The object labels minus the per-entry instance label: the shared Service spans tiers."""
+    labels = {k: v for k, v in object_labels(m, base).items() if k != "app.kubernetes.io/instance"}
+    return {**labels, ROLE_LABEL: "shared"}
+
+
 def owns_shared_service(m: ModelConfig) -> bool:
     return m.tier == "primary"
+
+
+def service_monitor_spec(m: ModelConfig) -> dict[str, Any]:
+    """Scrape vLLM and the drain sidecar on the tier Service (not the shared one: no double count)."""
+    return {
+        "selector": {"matchLabels": {**selector_labels(m), ROLE_LABEL: "tier"}},
+        "endpoints": [
+            {"port": HTTP_PORT_NAME, "path": "/metrics", "interval": "15s", "scrapeTimeout": "10s"},
+            {"port": DRAIN_PORT_NAME, "path": "/metrics", "interval": "15s", "scrapeTimeout": "5s"},
+        ],
+    }
 
 
 def pdb_spec(m: ModelConfig) -> dict[str, Any]:

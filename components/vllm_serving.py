@@ -22,10 +22,9 @@ from components.dashboard import DASHBOARD_LABEL, dashboard_json
 from components.options import inherited_depends_on
 from components.serving_autoscale import KEDA_API, hpa_spec, scaled_object_spec
 from components.serving_spec import (
-    DRAIN_PORT_NAME,
     HF_TOKEN_KEY,
-    HTTP_PORT_NAME,
     OVERFLOW_ANNOTATION,
+    ROLE_LABEL,
     deployment_spec,
     object_labels,
     owns_shared_service,
@@ -34,7 +33,8 @@ from components.serving_spec import (
     pvc_spec,
     runtime_configmap_name,
     runtime_files,
-    selector_labels,
+    service_monitor_spec,
+    shared_service_labels,
     shared_service_name,
     shared_service_spec,
     startup_budget_s,
@@ -43,7 +43,6 @@ from components.serving_spec import (
 )
 
 OPENAI_BASE_PATH = "/v1"
-ROLE_LABEL = "gpuinfra.io/service-role"
 
 
 @dataclass(frozen=True)
@@ -121,13 +120,12 @@ class VllmServing(pulumi.ComponentResource):
         self.shared_service_name = None
         if owns_shared_service(m):
             self.shared_service_name = shared_service_name(m)
-            shared_labels = {k: v for k, v in labels.items() if k != "app.kubernetes.io/instance"}
             ann = {OVERFLOW_ANNOTATION: m.overflow_to} if m.overflow_to else None
             k8s.core.v1.Service(
                 f"{name}-shared-service",
                 metadata=k8s.meta.v1.ObjectMetaArgs(
                     name=self.shared_service_name, namespace=ns,
-                    labels={**shared_labels, ROLE_LABEL: "shared"}, annotations=ann,
+                    labels=shared_service_labels(m, args.labels), annotations=ann,
                 ),
                 spec=shared_service_spec(m),
                 opts=child,
@@ -157,13 +155,7 @@ class VllmServing(pulumi.ComponentResource):
             api_version="monitoring.coreos.com/v1",
             kind="ServiceMonitor",
             metadata=meta(app, release),
-            spec={
-                "selector": {"matchLabels": {**selector_labels(m), ROLE_LABEL: "tier"}},
-                "endpoints": [
-                    {"port": HTTP_PORT_NAME, "path": "/metrics", "interval": "15s", "scrapeTimeout": "10s"},
-                    {"port": DRAIN_PORT_NAME, "path": "/metrics", "interval": "15s", "scrapeTimeout": "5s"},
-                ],
-            },
+            spec=service_monitor_spec(m),
             opts=child,
         )
         k8s.apiextensions.CustomResource(
