@@ -37,10 +37,6 @@ class InstanceType:
     accelerator: str | None = None  # GKE accelerator type name, GCP only
 
     @property
-    def total_gpu_memory_gib(self) -> int:
-        return self.gpu.memory_gib * self.gpu_count
-
-    @property
     def gpus_per_numa_node(self) -> int:
         return self.gpu_count // self.numa_nodes
 
@@ -74,17 +70,11 @@ class Catalog:
     def price(self, cloud: str, region: str, name: str) -> Price | None:
         return self.prices.get(cloud, {}).get(region, {}).get(name)
 
-    def instance(self, cloud: Cloud, name: str) -> InstanceType:
-        return (self.aws if cloud == "aws" else self.gcp)[name]
-
     def aws_families(self) -> list[str]:
         return sorted({t.family for t in self.aws.values()})
 
     def aws_types_in_families(self, families: list[str] | tuple[str, ...]) -> list[InstanceType]:
         return [t for t in self.aws.values() if t.family in families]
-
-    def gcp_machine_types_for(self, accelerator: str) -> list[str]:
-        return sorted(n for n, t in self.gcp.items() if t.accelerator == accelerator)
 
 
 @functools.cache
