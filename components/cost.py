@@ -91,6 +91,10 @@ class PoolCost:
         price = self.on_demand_node_hourly if all_on_demand else self.planned_node_hourly
         return fleet_hourly(price, nodes)
 
+    def total_hourly(self, size: str, all_on_demand: bool = False) -> float:
+        """The pool's cost per hour at its `min` or `max` size."""
+        return self.hourly(self.min_nodes if size == "min" else self.max_nodes, all_on_demand)
+
     @property
     def savings(self) -> float:
         if not self.priced:
@@ -128,7 +132,7 @@ class CostEstimate:
     pools: tuple[PoolCost, ...]
 
     def total_hourly(self, size: str, all_on_demand: bool = False) -> float:
-        return sum(p.hourly(p.min_nodes if size == "min" else p.max_nodes, all_on_demand) for p in self.pools)
+        return sum(p.total_hourly(size, all_on_demand) for p in self.pools)
 
     @property
     def savings(self) -> float:
@@ -153,12 +157,8 @@ def _money(x: float) -> float:
     return round(x, 4)
 
 
-def _span(p_or_e: Any, size: str) -> dict[str, float]:
-    if isinstance(p_or_e, PoolCost):
-        nodes = p_or_e.min_nodes if size == "min" else p_or_e.max_nodes
-        planned, od = p_or_e.hourly(nodes), p_or_e.hourly(nodes, all_on_demand=True)
-    else:
-        planned, od = p_or_e.total_hourly(size), p_or_e.total_hourly(size, all_on_demand=True)
+def _span(p_or_e: PoolCost | CostEstimate, size: str) -> dict[str, float]:
+    planned, od = p_or_e.total_hourly(size), p_or_e.total_hourly(size, all_on_demand=True)
     return {
         "hourly": _money(planned),
         "monthly": _money(monthly(planned)),
