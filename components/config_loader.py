@@ -35,7 +35,7 @@ class LoadedConfig:
     """Secret kubeconfigs of `existing` clusters that take theirs from a config key, by cluster name."""
 
 
-def _loc_to_path(loc: tuple[Any, ...], model: type = StackConfig) -> str:
+def _loc_to_path(loc: tuple[Any, ...]) -> str:
     out = ""
     for part in loc:
         if isinstance(part, int):
@@ -63,6 +63,10 @@ def _qualify(path: str, line: str) -> str:
     return f"{path}{'' if key.startswith('[') else '.'}{key}: {rest}"
 
 
+def _message(stack: str, lines: list[str]) -> str:
+    return f"invalid config for stack '{stack}':\n" + "\n".join(lines)
+
+
 def format_validation_error(err: ValidationError, stack: str) -> str:
     lines = []
     for e in err.errors(include_url=False):
@@ -78,7 +82,7 @@ def format_validation_error(err: ValidationError, stack: str) -> str:
             path, msg = f"{path}.cloud", "required key is missing; allowed: aws, gcp, existing"
         for line in msg.splitlines():
             lines.append(f"  - {_qualify(path, line)}")
-    return f"invalid config for stack '{stack}':\n" + "\n".join(lines)
+    return _message(stack, lines)
 
 
 def parse_stack_config(raw: dict[str, Any], stack: str, secret_keys: set[str] = frozenset()) -> StackConfig:
@@ -86,13 +90,8 @@ def parse_stack_config(raw: dict[str, Any], stack: str, secret_keys: set[str] = 
     allowed = set(StackConfig.model_fields) | _SECRET_KEYS_ALLOWED | _kubeconfig_keys(raw)
     unknown = sorted(k for k in raw if k not in allowed)
     if unknown:
-        raise ConfigError(
-            f"invalid config for stack '{stack}':\n"
-            + "\n".join(
-                f"  - {PROJECT}:{k}: unknown config key; allowed: {', '.join(sorted(StackConfig.model_fields))}"
-                for k in unknown
-            )
-        )
+        known = ", ".join(sorted(StackConfig.model_fields))
+        raise ConfigError(_message(stack, [f"  - {PROJECT}:{k}: unknown config key; allowed: {known}" for k in unknown]))
     try:
         cfg = StackConfig.model_validate({k: v for k, v in raw.items() if k in StackConfig.model_fields})
     except ValidationError as err:
@@ -119,7 +118,7 @@ def parse_stack_config(raw: dict[str, Any], stack: str, secret_keys: set[str] = 
                     f"(`pulumi config set --secret`)"
                 )
     if problems:
-        raise ConfigError(f"invalid config for stack '{stack}':\n" + "\n".join(problems))
+        raise ConfigError(_message(stack, problems))
     return cfg
 
 
