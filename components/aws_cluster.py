@@ -83,6 +83,7 @@ class AwsGpuCluster(pulumi.ComponentResource):
             opts=on_aws,
         )
         private_ids, public_ids, nats = [], [], []
+        nat_count = nat_gateway_count(c.network.availability_zones, c.network.single_nat_gateway)
         for plan in subnet_layout(c.network.vpc_cidr, c.network.availability_zones):
             az = azs.names.apply(lambda names, i=plan.az_index: names[i])
             public = aws.ec2.Subnet(
@@ -97,7 +98,7 @@ class AwsGpuCluster(pulumi.ComponentResource):
                 f"{name}-public-{plan.az_index}", subnet_id=public.id, route_table_id=public_rt.id, opts=on_aws
             )
             public_ids.append(public.id)
-            if plan.az_index < nat_gateway_count(c.network.availability_zones, c.network.single_nat_gateway):
+            if plan.az_index < nat_count:
                 eip = aws.ec2.Eip(f"{name}-nat-{plan.az_index}", domain="vpc", opts=on_aws)
                 nats.append(
                     aws.ec2.NatGateway(
@@ -234,6 +235,7 @@ class AwsGpuCluster(pulumi.ComponentResource):
             configuration_values=json.dumps(coredns_configuration(c)),
             opts=pulumi.ResourceOptions.merge(on_aws, pulumi.ResourceOptions(depends_on=cni_ready)),
         )
+        cluster_ready: list[pulumi.Resource] = [coredns, *cni_ready]
 
         # --- Karpenter and the GPU pools ----------------------------------------------------
         self.karpenter = Karpenter(
@@ -247,7 +249,7 @@ class AwsGpuCluster(pulumi.ComponentResource):
                 aws_provider=aws_provider,
                 tags=tags,
             ),
-            opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=[coredns, *cni_ready])),
+            opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=cluster_ready)),
         )
         k8s.helm.v3.Release(
             f"{name}-nvidia-device-plugin",
@@ -274,7 +276,7 @@ class AwsGpuCluster(pulumi.ComponentResource):
             spot_notice_s=c.spot_notice_s,
             interruption_queue_arn=queue_arn,
             native=self.cluster,
-            ready_after=[coredns, *cni_ready],
+            ready_after=cluster_ready,
             extras={"vpc_id": vpc.id, "private_subnet_ids": private_ids, "karpenter": self.karpenter},
         )
         self.register_outputs(
