@@ -120,7 +120,7 @@ class AwsGpuPool(GpuPoolBase):
     expire_after: Duration = "720h"
     """Karpenter `expireAfter`: node lifetime."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, use_attribute_docstrings=True)
+    model_config = ConfigDict(populate_by_name=True)  # merged with Base's
 
     @field_validator("instance_families")
     @classmethod
