@@ -592,6 +592,11 @@ _SECCOMP_PROFILE = re.compile(r"^(?!/)(?!.*\.\.)[-\w./]+\.json$")
 _IMAGE = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?(:[0-9]+)?(/[a-z0-9]([-._a-z0-9]*[a-z0-9])?)*(:[\w][\w.-]{0,127})?(@sha256:[0-9a-f]{64})?$")
 
 
+def _unpinned(image: str) -> bool:
+    """Neither an @sha256: digest nor a tag (on the last path segment) other than `latest`."""
+    return "@sha256:" not in image and (":" not in image.rsplit("/", 1)[-1] or image.endswith(":latest"))
+
+
 class SockmapConfig(Base):
     enabled: bool = True
     """Redirect same-node TCP between the configured ports through sockmap."""
@@ -676,10 +681,9 @@ class EbpfAgentConfig(Base):
     @field_validator("image")
     @classmethod
     def _pinned(cls, v: str) -> str:
-        tag = v.split("@", 1)[0].rsplit("/", 1)[-1]
         if not _IMAGE.match(v):
             raise ValueError(f"'{v}' is not an image reference; allowed: registry/name:tag or registry/name@sha256:<digest>")
-        if "@sha256:" not in v and (":" not in tag or tag.endswith(":latest")):
+        if _unpinned(v):
             raise ValueError(
                 f"'{v}' is not pinned; allowed: an exact tag other than 'latest' (e.g. "
                 f"ghcr.io/gpuinfra/ebpf-agent:0.1.0) or an @sha256: digest"
@@ -807,7 +811,7 @@ class VllmEngine(Base):
     @field_validator("image")
     @classmethod
     def _image_pinned(cls, v: str) -> str:
-        if "@sha256:" not in v and (":" not in v.rsplit("/", 1)[-1] or v.endswith(":latest")):
+        if _unpinned(v):
             raise ValueError("pin the image to a tag other than 'latest' or to a digest")
         return v
 
