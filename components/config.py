@@ -414,6 +414,11 @@ GKE_CRITICAL_PODS_GRACE_S = 15
 for critical pods too (`shutdown_grace_period_critical_pods_seconds`), leaving 105 s to serving."""
 
 
+def pod_shutdown_grace_s(preemption_notice_s: int) -> int:
+    """Seconds regular pods get between a GKE preemption notice and their kill (critical pods keep the rest)."""
+    return preemption_notice_s - GKE_CRITICAL_PODS_GRACE_S
+
+
 class GcpNetwork(Base):
     subnet_cidr: Cidr = ipaddress.IPv4Network("10.10.0.0/20")
     """Node subnet."""
@@ -475,7 +480,7 @@ class GcpCluster(Base):
     def spot_notice_s(self) -> int:
         """Seconds a serving pod gets after the preemption notice: GKE's graceful node shutdown keeps
         the last GKE_CRITICAL_PODS_GRACE_S for critical system pods."""
-        return self.preemption_notice_s - GKE_CRITICAL_PODS_GRACE_S
+        return pod_shutdown_grace_s(self.preemption_notice_s)
 
     def cidrs(self) -> dict[str, Cidr]:
         n = self.network
@@ -556,7 +561,7 @@ class ExistingCluster(Base):
 
     @property
     def spot_notice_s(self) -> int:
-        gke = GKE_DEFAULT_SPOT_NOTICE_S - GKE_CRITICAL_PODS_GRACE_S  # what a pod gets on a default GKE spot node
+        gke = pod_shutdown_grace_s(GKE_DEFAULT_SPOT_NOTICE_S)  # what a pod gets on a default GKE spot node
         return {"aws": AWS_SPOT_NOTICE_S, "gcp": gke}.get(self.underlying_cloud, 0)
 
     @property

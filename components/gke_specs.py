@@ -367,8 +367,3 @@ def gke_kubeconfig(context: str, endpoint: str, ca_certificate: str) -> str:
             ],
         }
     )
-
-
-def pod_shutdown_grace_s(preemption_notice_s: int) -> int:
-    """Seconds regular pods get between the preemption notice and their kill (critical pods keep the rest)."""
-    return preemption_notice_s - GKE_CRITICAL_PODS_GRACE_S

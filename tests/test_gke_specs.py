@@ -12,7 +12,7 @@ from hypothesis import given, strategies as st
 from components import gke_specs as spec
 from components.catalog import load_catalog
 from components.cluster import CAPACITY_LABEL, POOL_LABEL
-from components.config import GKE_CRITICAL_PODS_GRACE_S, GcpCluster, KubeletNumaConfig
+from components.config import GKE_CRITICAL_PODS_GRACE_S, GcpCluster, KubeletNumaConfig, pod_shutdown_grace_s
 
 KUBELET_KEYS = {
     # NodePoolNodeConfigKubeletConfigArgs in pulumi-gcp 10.2.0
@@ -67,7 +67,7 @@ def test_extended_notice_sets_the_shutdown_window_on_spot_pools_only():
 @pytest.mark.parametrize("notice", [30, 120])
 def test_spot_notice_the_serving_layer_sees_is_what_regular_pods_get(notice):
     c = gcp(preemption_notice_s=notice)
-    assert c.spot_notice_s == spec.pod_shutdown_grace_s(notice) == notice - GKE_CRITICAL_PODS_GRACE_S
+    assert c.spot_notice_s == pod_shutdown_grace_s(notice) == notice - GKE_CRITICAL_PODS_GRACE_S
 
 
 def test_gpu_pool_has_spot_accelerators_taint_labels_and_driver():
