@@ -7,7 +7,7 @@ from typing import Any, Callable
 
 import pytest
 
-from components.config_loader import ConfigError
+from tests.support import assert_config_error
 from tests.test_config_rules import P, _set, mutated
 from tools.offline import run_program
 
@@ -73,11 +73,7 @@ CASES = [
 @pytest.mark.parametrize("case_id,stack,edit,expected", CASES, ids=[c[0] for c in CASES])
 def test_aws_misconfiguration_fails_before_any_resource(case_id, stack, edit, expected):
     run = run_program(stack, config=mutated(stack, edit), raise_errors=False)
-    assert isinstance(run.error, ConfigError), f"{case_id}: expected a ConfigError, got {run.error!r}"
-    message = str(run.error)
-    for fragment in expected:
-        assert fragment in message, f"{case_id}: {fragment!r} not in error:\n{message}"
-    assert run.resources == [], f"{case_id}: resources were registered: {[r.urn for r in run.resources]}"
+    assert_config_error(run, case_id, expected)
 
 
 def test_restricted_policy_is_the_way_out_for_a_whole_node_pod():

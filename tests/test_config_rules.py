@@ -12,6 +12,7 @@ from typing import Any, Callable
 import pytest
 
 from components.config_loader import ConfigError, parse_stack_config
+from tests.support import assert_config_error
 from tools.offline import PROJECT, run_program, stack_config
 
 P = PROJECT + ":"
@@ -132,11 +133,7 @@ CASES: list[tuple[str, str, Callable[[dict[str, Any]], None], list[str]]] = [
 def test_broken_config_fails_before_any_resource(case_id, stack, edit, expected):
     cfg = mutated(stack, edit)
     run = run_program(stack, config=cfg, raise_errors=False, placeholder_secrets=case_id != "gated-without-token")
-    assert isinstance(run.error, ConfigError), f"{case_id}: expected a ConfigError, got {run.error!r}"
-    message = str(run.error)
-    for fragment in expected:
-        assert fragment in message, f"{case_id}: {fragment!r} not in error:\n{message}"
-    assert run.resources == [], f"{case_id}: resources were registered: {[r.urn for r in run.resources]}"
+    message = assert_config_error(run, case_id, expected)
     assert "Traceback" not in message
 
 

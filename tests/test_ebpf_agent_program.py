@@ -9,9 +9,8 @@ from typing import Any
 import pytest
 
 from components.cluster import GPU_TAINT
-from components.config_loader import ConfigError
 from components.ebpf_agent_spec import CAPABILITY_ALLOW_LIST
-from tests.support import manifest, validate_core_objects
+from tests.support import assert_config_error, manifest, validate_core_objects
 from tools.offline import PROJECT, ProgramRun, parsed_config, run_program, stack_config
 
 DAEMONSET = "kubernetes:apps/v1:DaemonSet"
@@ -211,11 +210,7 @@ BROKEN = [
 @pytest.mark.parametrize("case_id,stack,agent,fragments", BROKEN, ids=[b[0] for b in BROKEN])
 def test_broken_agent_config_fails_before_any_resource(case_id, stack, agent, fragments):
     run = run_program(stack, config=_agent_cfg(stack, **agent), raise_errors=False)
-    assert isinstance(run.error, ConfigError), f"{case_id}: expected a ConfigError, got {run.error!r}"
-    message = str(run.error)
-    for f in fragments:
-        assert f in message, f"{case_id}: {f!r} not in:\n{message}"
-    assert run.resources == [], f"{case_id}: registered {[r.urn for r in run.resources]}"
+    assert_config_error(run, case_id, fragments)
 
 
 def test_agent_can_be_turned_off():
