@@ -65,14 +65,19 @@ def env_of(c: EbpfAgentConfig, ports=(8000,)) -> dict[str, str]:
 COMBOS = [combo for combo in itertools.product([False, True], repeat=3) if any(combo)]
 
 
-def _agent_settings(env: dict[str, str]):
-    """Parse the rendered env with the agent's own flag parser (bpf/agent/config.py)."""
+def _agent_config():
+    """The agent's own flag module (bpf/agent/config.py)."""
     sys.path.insert(0, str(ROOT / "bpf"))
     try:
         from agent import config as agent_config  # noqa: PLC0415 - the agent package lives in bpf/
     finally:
         sys.path.remove(str(ROOT / "bpf"))
-    return agent_config.parse([], environ=env)
+    return agent_config
+
+
+def _agent_settings(env: dict[str, str]):
+    """Parse the rendered env with the agent's own flag parser."""
+    return _agent_config().parse([], environ=env)
 
 
 # ---- programs and agent settings --------------------------------------------------------------
@@ -100,11 +105,7 @@ def test_env_for_every_program_combination(sockmap, cuda, tcp):
 
 
 def test_every_env_name_is_a_flag_the_agent_reads():
-    sys.path.insert(0, str(ROOT / "bpf"))
-    try:
-        from agent import config as agent_config  # noqa: PLC0415
-    finally:
-        sys.path.remove(str(ROOT / "bpf"))
+    agent_config = _agent_config()
     known = {agent_config.env_name(flag) for flag, *_ in agent_config.FLAGS}
     c = cfg(cuda_uprobes={"library_paths": ["/usr/lib64/libcuda.so.1"]})
     names = set(env_of(c))
