@@ -7,7 +7,6 @@ every wrapper raises BpfError with the OS error text.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 
 _lib = ctypes.CDLL(os.environ.get("LIBBPF_SO", "libbpf.so.1"), use_errno=True)
@@ -42,7 +41,6 @@ _sig("bpf_prog_detach2", ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int)
 _sig("bpf_map_lookup_elem", ctypes.c_int, ctypes.c_int, _vp, _vp)
 _sig("bpf_map_delete_elem", ctypes.c_int, ctypes.c_int, _vp)
 _sig("bpf_map_get_next_key", ctypes.c_int, ctypes.c_int, _vp, _vp)
-_sig("bpf_map_delete_elem", ctypes.c_int, ctypes.c_int, _vp)
 _sig("libbpf_num_possible_cpus", ctypes.c_int)
 
 # enum bpf_attach_type (include/uapi/linux/bpf.h)
