@@ -23,9 +23,10 @@ def parse_maps(text: str) -> set[tuple[str, str]]:
     for line in text.splitlines():
         fields = line.split(None, 5)
         if len(fields) == 6:
-            m = _LIB_RE.search(fields[5].strip())
-            if m:
-                found.add((m.group(1), fields[5].strip()))
+            path = fields[5].strip()
+            kind = classify(path)
+            if kind:
+                found.add((kind, path))
     return found
 
 
