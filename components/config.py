@@ -1286,7 +1286,7 @@ def _drain_budget(key: str, m: ModelConfig, cluster: Any, ci: int) -> list[str]:
             f"{key}.drain.spot_drain_budget_s: {budget}s is longer than the {notice}s spot notice "
             f"of cluster '{cluster.name}' (clusters[{ci}]); allowed: 1..{notice}"
         ]
-    effective = budget if budget is not None else notice - SPOT_NOTICE_MARGIN_S
+    effective = spot_drain_budget_s(m, notice)
     if m.drain.max_request_s > effective:
         return [
             f"{key}.drain.max_request_s: {m.drain.max_request_s}s streams cannot finish within the "
@@ -1296,8 +1296,8 @@ def _drain_budget(key: str, m: ModelConfig, cluster: Any, ci: int) -> list[str]:
     return []
 
 
-def spot_drain_budget_s(m: ModelConfig, cluster: Any) -> int:
-    """The seconds a spot drain may take for `m` on `cluster`."""
+def spot_drain_budget_s(m: ModelConfig, spot_notice_s: int) -> int:
+    """The seconds a spot drain may take for `m` on a cluster with `spot_notice_s`."""
     if m.drain.spot_drain_budget_s is not None:
         return m.drain.spot_drain_budget_s
-    return max(cluster.spot_notice_s - SPOT_NOTICE_MARGIN_S, 0)
+    return max(spot_notice_s - SPOT_NOTICE_MARGIN_S, 0)
