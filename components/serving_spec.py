@@ -415,7 +415,7 @@ def shared_service_spec(m: ModelConfig) -> dict[str, Any]:
     return {
         "type": "ClusterIP",
         "selector": {"app.kubernetes.io/name": "vllm", SERVED_LABEL: served_slug(m)},
-        "ports": [{"name": HTTP_PORT_NAME, "port": m.engine.port, "targetPort": HTTP_PORT_NAME, "protocol": "TCP"}],
+        "ports": service_ports(m)[:1],  # the HTTP port only: clients use it; scrapes go to the tier Service
     }
 
 
