@@ -15,6 +15,7 @@ from pulumi_policy import (
 )
 
 from policies.common import (
+    DAEMONSET,
     GPU_RESOURCE,
     HELM_TYPES,
     WORKLOAD_TYPES,
@@ -30,7 +31,7 @@ from policies.common import (
     object_name,
     parse_quantity,
     pod_spec,
-    pod_template,
+    template_labels,
 )
 
 # ---- kubernetes-workload-image-pinned --------------------------------------------------------
@@ -166,9 +167,10 @@ CAPABILITIES_SCHEMA = PolicyConfigSchema(
 
 
 def is_ebpf_agent(resource_type: str, props: Mapping[str, Any], name: str) -> bool:
-    labels = as_map(dig(pod_template(resource_type, props), "metadata", "labels"))
-    names = [name, object_name(props), *(str(v) for v in labels.values())]
-    return resource_type == "kubernetes:apps/v1:DaemonSet" and any("ebpf-agent" in n for n in names)
+    if resource_type != DAEMONSET:
+        return False
+    names = [name, object_name(props), *(str(v) for v in template_labels(resource_type, props).values())]
+    return any("ebpf-agent" in n for n in names)
 
 
 def _cap(c: Any) -> str:
