@@ -116,7 +116,8 @@ def cuda_library_mounts(cfg: EbpfAgentConfig) -> list[tuple[str, str]]:
 
 def agent_env(cfg: EbpfAgentConfig, ports: Sequence[int]) -> list[dict[str, str]]:
     """The agent's settings as `GPUINFRA_EBPF_*` variables (the names `bpf/agent/config.py` reads)."""
-    programs = enabled_programs(cfg, accelerated_ports(cfg, ports))
+    accelerated = accelerated_ports(cfg, ports)
+    programs = enabled_programs(cfg, accelerated)
     if not programs:
         raise ValueError("no agent program is enabled")
     env = {
@@ -128,10 +129,9 @@ def agent_env(cfg: EbpfAgentConfig, ports: Sequence[int]) -> list[dict[str, str]
         "LOG_LEVEL": cfg.log_level,
     }
     if "sockredir" in programs:
-        env["PORTS"] = ",".join(str(p) for p in accelerated_ports(cfg, ports))
+        env["PORTS"] = ",".join(str(p) for p in accelerated)
     if "cudalat" in programs:
-        scan = cuda_scan(cfg)
-        env["CUDA_SCAN"] = "true" if scan else "false"
+        env["CUDA_SCAN"] = "true" if cuda_scan(cfg) else "false"
         libs = [inside for _, inside in cuda_library_mounts(cfg)]
         if libs:
             env["CUDA_LIBS"] = ",".join(libs)
