@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from components.cluster import CAPACITY_LABEL, POOL_LABEL, GpuPoolInfo
-from components.config import SPOT_NOTICE_MARGIN_S, ModelConfig, Placement
+from components.config import ModelConfig, Placement, spot_drain_budget_s
 from components.vllm_args import VLLM_COMMAND, vllm_args
 
 RUNTIME_DIR = Path(__file__).resolve().parent / "runtime"
@@ -109,11 +109,8 @@ def startup_probe_timing(m: ModelConfig) -> ProbeTiming:
     return ProbeTiming(period, math.ceil(startup_budget_s(m) / period))
 
 
-def spot_drain_budget(m: ModelConfig, spot_notice_s: int) -> int:
-    """Seconds the sidecar may drain after a spot notice (same rule as `config.spot_drain_budget_s`)."""
-    if m.drain.spot_drain_budget_s is not None:
-        return m.drain.spot_drain_budget_s
-    return max(spot_notice_s - SPOT_NOTICE_MARGIN_S, 0)
+spot_drain_budget = spot_drain_budget_s
+"""Seconds the sidecar may drain after a spot notice: the rule the config validator checks."""
 
 
 # --------------------------------------------------------------------------------------------
