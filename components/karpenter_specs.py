@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from components.cluster import GPU_TAINT, pool_node_labels
-from components.config import AwsCluster, AwsGpuPool, KubeletNumaConfig, pool_reserved_cpus
-from components.nodeadm import mime_user_data, node_config, reserved_cpu_count
+from components.config import AwsCluster, AwsGpuPool, KubeletNumaConfig, effective_reserved_cpus, pool_reserved_cpus
+from components.nodeadm import mime_user_data, node_config
 
 KARPENTER_VERSION = "1.15.0"
 KARPENTER_CHART = "oci://public.ecr.aws/karpenter/karpenter"
@@ -93,7 +93,8 @@ def pool_kubelet(cluster: AwsCluster, pool: AwsGpuPool) -> KubeletNumaConfig:
 
 
 def pool_reserved_count(cluster: AwsCluster, pool: AwsGpuPool) -> int:
-    return reserved_cpu_count(pool_kubelet(cluster, pool), pool_reserved_cpus(pool))
+    """What the kubelet holds back (Karpenter's kubeReserved.cpu): the same count validation uses."""
+    return effective_reserved_cpus(cluster, pool)
 
 
 def pool_user_data(cluster: AwsCluster, pool: AwsGpuPool) -> str:

@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from components.config import KubeletNumaConfig
+from components.config import KubeletNumaConfig, cpuset_cpus
 
 NODECONFIG_API_VERSION = "node.eks.aws/v1alpha1"
 NODECONFIG_CONTENT_TYPE = "application/node.eks.aws"
@@ -36,12 +36,8 @@ def reserved_cpuset(count: int) -> str:
 
 
 def cpuset_size(cpuset: str) -> int:
-    """Number of CPUs in a kubelet cpuset string such as `0-1,4,6-7`."""
-    total = 0
-    for part in cpuset.split(","):
-        lo, _, hi = part.partition("-")
-        total += (int(hi) - int(lo) + 1) if hi else 1
-    return total
+    """Number of distinct CPUs in a kubelet cpuset string such as `0-1,4,6-7` (overlaps count once)."""
+    return len(cpuset_cpus(cpuset))
 
 
 def kubelet_config(kubelet: KubeletNumaConfig, reserved_cpus: int) -> dict[str, Any]:
@@ -54,13 +50,6 @@ def kubelet_config(kubelet: KubeletNumaConfig, reserved_cpus: int) -> dict[str, 
     if kubelet.cpu_manager_policy == "static":
         cfg["reservedSystemCPUs"] = kubelet.reserved_system_cpus or reserved_cpuset(reserved_cpus)
     return cfg
-
-
-def reserved_cpu_count(kubelet: KubeletNumaConfig, reserved_cpus: int) -> int:
-    """How many CPUs the kubelet will hold back: the explicit cpuset if set, else the computed count."""
-    if kubelet.reserved_system_cpus:
-        return cpuset_size(kubelet.reserved_system_cpus)
-    return reserved_cpus
 
 
 def node_config(kubelet: KubeletNumaConfig, reserved_cpus: int) -> dict[str, Any]:

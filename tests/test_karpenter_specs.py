@@ -178,3 +178,11 @@ def test_controller_policy_scopes_the_queue_and_passes_only_the_node_role():
 def test_vpc_cni_policy_only_without_cilium():
     assert "AmazonEKS_CNI_Policy" not in node_role_policies(True)
     assert "AmazonEKS_CNI_Policy" in node_role_policies(False)
+
+
+def test_explicit_overlapping_cpuset_reserves_each_cpu_once():
+    """kubeReserved.cpu (Karpenter's bin-packing) must equal what the kubelet pins: distinct CPUs."""
+    pool = _pool(instance_types=["p5.48xlarge"], kubelet={"reserved_system_cpus": "0-3,2-5"})
+    c = _cluster(pool)
+    spec = ec2_nodeclass_spec(c, c.gpu_pools[0], "node-role", {})
+    assert spec["kubelet"]["kubeReserved"]["cpu"] == "6"

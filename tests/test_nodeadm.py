@@ -13,7 +13,6 @@ from components.nodeadm import (
     mime_user_data,
     node_config,
     parse_user_data,
-    reserved_cpu_count,
     reserved_cpuset,
 )
 
@@ -56,7 +55,7 @@ def test_kubelet_config_sets_static_cpu_manager_and_numa_policy():
 def test_explicit_cpuset_wins_and_is_counted():
     k = KubeletNumaConfig(reserved_system_cpus="0-2,5")
     assert kubelet_config(k, 2)["reservedSystemCPUs"] == "0-2,5"
-    assert reserved_cpu_count(k, 2) == 4
+    assert cpuset_size(k.reserved_system_cpus) == 4
 
 
 def test_no_reservation_without_static_policy():
@@ -80,3 +79,10 @@ def test_user_data_is_mime_with_one_nodeconfig_and_no_cluster_fields():
 def test_parse_refuses_non_mime():
     with pytest.raises(ValueError):
         parse_user_data("#!/bin/bash\necho hi\n")
+
+
+def test_overlapping_cpuset_ranges_count_each_cpu_once():
+    """The kubelet reserves a set of CPUs; Karpenter's kubeReserved must match config validation."""
+    from components.config import cpuset_cpus
+
+    assert cpuset_size("0-3,2-5") == len(cpuset_cpus("0-3,2-5")) == 6
