@@ -36,6 +36,7 @@ from components.karpenter_specs import (
     DISCOVERY_TAG,
     assume_role_ec2,
     device_plugin_values,
+    managed_policy_arn,
     node_role_policies,
 )
 
@@ -174,11 +175,12 @@ class AwsGpuCluster(pulumi.ComponentResource):
         system_role = aws.iam.Role(
             f"{name}-system-node", assume_role_policy=json.dumps(assume_role_ec2()), opts=on_aws
         )
+        partition = aws.get_partition_output(opts=pulumi.InvokeOutputOptions(provider=aws_provider)).partition
         attachments = [
             aws.iam.RolePolicyAttachment(
                 f"{name}-system-node-{policy}",
                 role=system_role.name,
-                policy_arn=f"arn:aws:iam::aws:policy/{policy}",
+                policy_arn=partition.apply(lambda p, pol=policy: managed_policy_arn(p, pol)),
                 opts=on_aws,
             )
             for policy in node_role_policies(c.cilium.enabled)

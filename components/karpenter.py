@@ -32,6 +32,7 @@ from components.karpenter_specs import (
     ec2_nodeclass_spec,
     irsa_trust,
     karpenter_values,
+    managed_policy_arn,
     node_role_policies,
     nodeclass_name,
     nodepool_plans,
@@ -74,7 +75,7 @@ class Karpenter(pulumi.ComponentResource):
             aws.iam.RolePolicyAttachment(
                 f"{name}-node-{policy}",
                 role=self.node_role.name,
-                policy_arn=partition.partition.apply(lambda p, pol=policy: f"arn:{p}:iam::aws:policy/{pol}"),
+                policy_arn=partition.partition.apply(lambda p, pol=policy: managed_policy_arn(p, pol)),
                 opts=on_aws,
             )
         access_entry = aws.eks.AccessEntry(

@@ -52,6 +52,11 @@ NODE_ROLE_POLICIES = (
 VPC_CNI_POLICY = "AmazonEKS_CNI_Policy"
 
 
+def managed_policy_arn(partition: str, policy: str) -> str:
+    """ARN of an AWS-managed IAM policy in `partition` (`aws`, `aws-us-gov`, `aws-cn`)."""
+    return f"arn:{partition}:iam::aws:policy/{policy}"
+
+
 def node_role_policies(cilium_enabled: bool) -> tuple[str, ...]:
     """Managed policies for GPU/system node roles; the VPC CNI's only when aws-node runs."""
     return NODE_ROLE_POLICIES if cilium_enabled else NODE_ROLE_POLICIES + (VPC_CNI_POLICY,)

@@ -186,3 +186,10 @@ def test_explicit_overlapping_cpuset_reserves_each_cpu_once():
     c = _cluster(pool)
     spec = ec2_nodeclass_spec(c, c.gpu_pools[0], "node-role", {})
     assert spec["kubelet"]["kubeReserved"]["cpu"] == "6"
+
+
+def test_managed_policy_arns_follow_the_partition():
+    from components.karpenter_specs import managed_policy_arn
+
+    assert managed_policy_arn("aws", "AmazonEKSWorkerNodePolicy") == "arn:aws:iam::aws:policy/AmazonEKSWorkerNodePolicy"
+    assert managed_policy_arn("aws-us-gov", "X").startswith("arn:aws-us-gov:iam::aws:policy/")
