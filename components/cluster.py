@@ -61,6 +61,11 @@ def pool_info(pool: AnyPool, native_names: tuple[str, ...] = ()) -> GpuPoolInfo:
     )
 
 
+def node_selector_term(node_selector: dict[str, str]) -> dict[str, list[dict[str, Any]]]:
+    """A nodeAffinity `nodeSelectorTerms` entry that matches exactly `node_selector`'s labels."""
+    return {"matchExpressions": [{"key": k, "operator": "In", "values": [v]} for k, v in sorted(node_selector.items())]}
+
+
 def pool_node_labels(pool_name: str, capacity: str, extra: dict[str, str] | None = None) -> dict[str, str]:
     """Labels a managed GPU node carries (the serving layer selects on `POOL_LABEL`)."""
     return {**(extra or {}), POOL_LABEL: pool_name, CAPACITY_LABEL: capacity}

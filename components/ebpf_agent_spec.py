@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Sequence
 
-from components.cluster import GpuPoolInfo
+from components.cluster import GpuPoolInfo, node_selector_term
 from components.config import SOCKREDIR_MAX_PORTS, EbpfAgentConfig, ObservabilityConfig
 
 APP_NAME = "gpuinfra-ebpf-agent"
@@ -153,11 +153,7 @@ def gpu_node_affinity(pools: Sequence[GpuPoolInfo]) -> dict[str, Any]:
     (nodeSelectorTerms are ORed, the expressions inside one term ANDed)."""
     terms: list[dict[str, Any]] = []
     for pool in pools:
-        term = {
-            "matchExpressions": [
-                {"key": k, "operator": "In", "values": [v]} for k, v in sorted(pool.node_selector.items())
-            ]
-        }
+        term = node_selector_term(pool.node_selector)
         if term["matchExpressions"] and term not in terms:
             terms.append(term)
     if not terms:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from components.cluster import CAPACITY_LABEL, POOL_LABEL, GpuPoolInfo
+from components.cluster import CAPACITY_LABEL, POOL_LABEL, GpuPoolInfo, node_selector_term
 from components.config import ModelConfig, Placement, spot_drain_budget_s
 from components.vllm_args import VLLM_COMMAND, vllm_args
 
@@ -132,9 +132,8 @@ def node_affinity(pool: GpuPoolInfo) -> dict[str, Any]:
     """Required: the pool's nodes. Preferred: its spot nodes, when an on-demand fallback shares the
     pool label, so replicas land on spot whenever spot nodes have room (the fallback's lower
     priority for the workload)."""
-    exprs = [{"key": k, "operator": "In", "values": [v]} for k, v in sorted(pool.node_selector.items())]
     affinity: dict[str, Any] = {
-        "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": exprs}]}
+        "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [node_selector_term(pool.node_selector)]}
     }
     if pool.capacity == "spot" and pool.on_demand_fallback and POOL_LABEL in pool.node_selector:
         affinity["preferredDuringSchedulingIgnoredDuringExecution"] = [
