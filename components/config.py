@@ -576,10 +576,17 @@ Cluster = Annotated[Union[AwsCluster, GcpCluster, ExistingCluster], Field(discri
 AnyPool = Union[AwsGpuPool, GcpGpuPool, ExistingGpuPool]
 
 
-def pool_topology_policy(cluster: Any, pool: AnyPool) -> TopologyPolicy:
+def pool_kubelet(cluster: Any, pool: AnyPool) -> Optional[KubeletNumaConfig]:
+    """The kubelet settings of a managed pool's nodes (its override, else the cluster's); None for
+    an existing cluster's nodes, which this platform does not configure."""
     if isinstance(pool, ExistingGpuPool):
-        return pool.topology_manager_policy
-    return (pool.kubelet or cluster.kubelet).topology_manager_policy
+        return None
+    return pool.kubelet or cluster.kubelet
+
+
+def pool_topology_policy(cluster: Any, pool: AnyPool) -> TopologyPolicy:
+    kubelet = pool_kubelet(cluster, pool)
+    return pool.topology_manager_policy if kubelet is None else kubelet.topology_manager_policy
 
 
 # ----------------------------------------------------------------------------------------------
@@ -948,15 +955,19 @@ class ModelConfig(Base):
         return self.drain.max_request_s if p is None else p
 
     @property
+    def min_termination_grace_period_s(self) -> int:
+        """preStop wait + vLLM shutdown timeout + buffer: the least grace that drains a pod."""
+        return self.prestop_timeout_s + self.shutdown_timeout_s + self.drain.termination_buffer_s
+
+    @property
     def termination_grace_period_s(self) -> int:
         t = self.drain.termination_grace_period_s
-        floor = self.prestop_timeout_s + self.shutdown_timeout_s + self.drain.termination_buffer_s
-        return floor if t is None else t
+        return self.min_termination_grace_period_s if t is None else t
 
     @model_validator(mode="after")
     def _model_rules(self):
         e = self.engine
-        floor = self.prestop_timeout_s + self.shutdown_timeout_s + self.drain.termination_buffer_s
+        floor = self.min_termination_grace_period_s
         if self.termination_grace_period_s < floor:
             raise ValueError(
                 f"drain.termination_grace_period_s: {self.termination_grace_period_s} must be >= "
@@ -1149,7 +1160,7 @@ def cpuset_cpus(cpuset: str) -> set[int]:
 def effective_reserved_cpus(cluster: Any, pool: AnyPool) -> int:
     """CPUs the kubelet holds back on `pool`'s nodes: an explicit `reserved_system_cpus` cpuset
     (AWS nodeadm) when set, else the derived `pool_reserved_cpus`."""
-    kubelet = None if isinstance(pool, ExistingGpuPool) else (pool.kubelet or cluster.kubelet)
+    kubelet = pool_kubelet(cluster, pool)
     if kubelet is not None and kubelet.cpu_manager_policy == "static" and kubelet.reserved_system_cpus:
         return len(cpuset_cpus(kubelet.reserved_system_cpus))
     return pool_reserved_cpus(pool)

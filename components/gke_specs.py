@@ -21,6 +21,7 @@ from components.config import (
     GcpCluster,
     GcpGpuPool,
     KubeletNumaConfig,
+    pool_kubelet,
 )
 
 PODS_RANGE = "pods"
@@ -293,7 +294,7 @@ def gpu_node_pool_args(
             "gvnic": {"enabled": True},
             "labels": labels,
             "taints": taints,
-            "kubelet_config": kubelet_config(pool.kubelet or c.kubelet, capacity, c.preemption_notice_s),
+            "kubelet_config": kubelet_config(pool_kubelet(c, pool), capacity, c.preemption_notice_s),
         },
     }
     if pool.zones:

@@ -12,7 +12,13 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from components.cluster import GPU_TAINT, pool_node_labels
-from components.config import AwsCluster, AwsGpuPool, KubeletNumaConfig, effective_reserved_cpus, pool_reserved_cpus
+from components.config import (
+    AwsCluster,
+    AwsGpuPool,
+    effective_reserved_cpus,
+    pool_kubelet,
+    pool_reserved_cpus,
+)
 from components.nodeadm import mime_user_data, node_config
 
 KARPENTER_VERSION = "1.15.0"
@@ -91,10 +97,6 @@ def nodepool_plans(pool: AwsGpuPool) -> list[NodePoolPlan]:
     if pool.on_demand_fallback:
         plans.append(NodePoolPlan(f"{pool.name}-on-demand", "on-demand", FALLBACK_WEIGHT))
     return plans
-
-
-def pool_kubelet(cluster: AwsCluster, pool: AwsGpuPool) -> KubeletNumaConfig:
-    return pool.kubelet or cluster.kubelet
 
 
 def pool_reserved_count(cluster: AwsCluster, pool: AwsGpuPool) -> int:
