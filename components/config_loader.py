@@ -146,11 +146,18 @@ def raw_project_config(project: str = PROJECT) -> tuple[dict[str, Any], set[str]
     merged: dict[str, Any] = {}
     merged.update(rc.get_config_env())
     merged.update(rc.CONFIG.get())
+    secret_keys = {k for k in merged if rc.is_config_secret(k)} | set(rc.get_config_secret_keys_env())
+    return project_values(merged, secret_keys, project)
+
+
+def project_values(
+    config: dict[str, Any], secret_keys: "set[str] | list[str]", project: str = PROJECT
+) -> tuple[dict[str, Any], set[str]]:
+    """`<project>:<key>` engine config (JSON for structured values) -> decoded values by key, and
+    which keys are secret. Keys of other namespaces (`aws:region`, ...) are provider config: skipped."""
     prefix = f"{project}:"
-    raw = {k[len(prefix):]: _decode(v) for k, v in merged.items() if k.startswith(prefix)}
-    secret = {k[len(prefix):] for k in merged if k.startswith(prefix) and rc.is_config_secret(k)}
-    secret |= {k[len(prefix):] for k in rc.get_config_secret_keys_env() if k.startswith(prefix)}
-    return raw, secret
+    raw = {k[len(prefix):]: _decode(v) for k, v in config.items() if k.startswith(prefix)}
+    return raw, {k[len(prefix):] for k in secret_keys if k.startswith(prefix)}
 
 
 def load_stack_config() -> LoadedConfig:

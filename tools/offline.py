@@ -64,9 +64,14 @@ class Registered:
         )
 
 
+def without_engine_keys(props: dict[str, Any]) -> dict[str, Any]:
+    """Drop the engine-internal `__` keys (e.g. `__defaults`) from recorded inputs."""
+    return {k: v for k, v in props.items() if not k.startswith("__")}
+
+
 def manifest(r: Registered) -> dict[str, Any]:
-    """A rendered Kubernetes object as `kubectl apply` would take it (no engine-internal `__` keys)."""
-    return {k: v for k, v in r.inputs.items() if not k.startswith("__")}
+    """A rendered Kubernetes object as `kubectl apply` would take it (secrets masked)."""
+    return without_engine_keys(r.inputs)
 
 
 @dataclass
@@ -332,9 +337,7 @@ def run_program(
 
 def parsed_config(run: ProgramRun):
     """The validated `StackConfig` the program ran with (parsed the same way `__main__.py` does)."""
-    from components.config_loader import _decode, parse_stack_config
+    from components.config_loader import parse_stack_config, project_values
 
-    prefix = f"{PROJECT}:"
-    raw = {k[len(prefix):]: _decode(v) for k, v in run.config.items() if k.startswith(prefix)}
-    secrets = {k[len(prefix):] for k in run.secret_keys if k.startswith(prefix)}
+    raw, secrets = project_values(run.config, run.secret_keys, PROJECT)
     return parse_stack_config(raw, run.stack, secrets)

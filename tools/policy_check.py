@@ -37,7 +37,7 @@ from pulumi_policy import (
 from pulumi_policy.policy import _NotApplicableError
 
 from policies.pack import POLICIES
-from tools.offline import PROJECT, ROOT, ProgramRun, run_program, stack_config
+from tools.offline import PROJECT, ROOT, ProgramRun, run_program, stack_config, without_engine_keys
 
 PACK_DEFAULT_LEVEL = EnforcementLevel.MANDATORY
 """The level `policies/__main__.py` gives the pack (used by a policy that sets none)."""
@@ -103,10 +103,6 @@ def _opts(parent: str) -> PolicyResourceOptions:
     return PolicyResourceOptions(False, [], None, [], PolicyCustomTimeouts(0, 0, 0), [], parent or None)
 
 
-def _props(inputs: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in inputs.items() if not k.startswith("__")}
-
-
 def policy_resources(run: ProgramRun) -> list[PolicyResource]:
     """The run's resources as the engine hands them to a stack policy (parents and providers linked)."""
     by_urn = run.by_urn()
@@ -116,8 +112,8 @@ def policy_resources(run: ProgramRun) -> list[PolicyResource]:
         if r.provider:
             p = by_urn.get(r.provider.rsplit("::", 1)[0])
             if p is not None:
-                provider = PolicyProviderResource(p.type, _props(p.raw_inputs), p.urn, p.name)
-        out[r.urn] = PolicyResource(r.type, _props(r.raw_inputs), r.urn, r.name, _opts(r.parent), provider, None, [], {})
+                provider = PolicyProviderResource(p.type, without_engine_keys(p.raw_inputs), p.urn, p.name)
+        out[r.urn] = PolicyResource(r.type, without_engine_keys(r.raw_inputs), r.urn, r.name, _opts(r.parent), provider, None, [], {})
     for r in run.resources:
         out[r.urn].parent = out.get(r.parent)
         out[r.urn].dependencies = [out[d] for d in r.dependencies if d in out]
