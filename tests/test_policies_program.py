@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import json
 import re
+import select
 import subprocess
 import sys
 from typing import Any, Callable
@@ -54,13 +55,18 @@ def test_pack_policies_are_well_formed():
 
 def test_policy_pack_main_serves_under_the_real_sdk():
     """`policies/__main__.py` builds the PolicyPack and starts the analyzer (it prints its port)."""
+    # `-u` as the Pulumi language host runs it: the port is read from a pipe, so it must not sit in
+    # a block buffer (without PYTHONUNBUFFERED in the environment the readline would hang).
     proc = subprocess.Popen(
-        [sys.executable, str(ROOT / "policies" / "__main__.py")],
+        [sys.executable, "-u", str(ROOT / "policies" / "__main__.py")],
         cwd=ROOT / "policies",
+        stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
     try:
+        ready, _, _ = select.select([proc.stdout], [], [], 60)
+        assert ready, "the analyzer printed no port within 60 s"
         line = proc.stdout.readline().decode().strip()
         assert line.isdigit(), f"expected the analyzer's port, got {line!r}; stderr: {proc.stderr.read1().decode()}"
     finally:
