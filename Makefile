@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 STACK ?= dev
 APT_PACKAGES := $(shell grep -hv '^\s*\#' bpf/apt-packages.txt 2>/dev/null)
 
-.PHONY: render test deps apt-deps bench policy-check clean
+.PHONY: render test deps apt-deps bench policy-check golden clean
 .DELETE_ON_ERROR:
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt constraints.txt
@@ -36,6 +36,10 @@ render: deps
 test: deps apt-deps
 	@$(PY) -m pytest; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 0; fi; exit $$rc
+
+# Regenerate tests/golden/<stack>.json after an intended change to what a stack renders.
+golden: deps
+	$(PY) -m tools.golden --write
 
 policy-check: deps
 	$(PY) -m tools.policy_check $(STACK)
