@@ -14,7 +14,8 @@ from typing import Any, Optional
 import pulumi
 from pydantic import ValidationError
 
-from components.config import ExistingCluster, StackConfig
+from components.existing.config import ExistingCluster
+from components.stack_config import StackConfig
 
 PROJECT = "gpu-inference-platform"
 HF_TOKEN_KEY = "hf_token"

@@ -25,8 +25,9 @@ from gpuinfra_contract.model import (
     PlatformOutputs,
     ServedModel,
 )
-from components.cluster import ClusterHandle, GpuPoolInfo
-from components.config import ModelConfig, StackConfig
+from components.platform.cluster_handle import ClusterHandle, GpuPoolInfo
+from components.serving.config import ModelConfig
+from components.stack_config import StackConfig
 
 OPENAI_BASE_PATH = "/v1"
 """vLLM's OpenAI-compatible server serves under /v1."""

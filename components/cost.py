@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Optional
 
 from components.catalog import Catalog, InstanceType, Price, load_catalog
-from components.config import ExistingGpuPool, StackConfig
+from components.existing.config import ExistingGpuPool
+from components.stack_config import StackConfig
 
 HOURS_PER_MONTH = 730
 """The billing month cloud price pages use (365 * 24 / 12 = 730)."""

@@ -56,7 +56,7 @@ GPU_RESOURCE = "nvidia.com/gpu"
 CAPACITY_TYPE_KEY = "karpenter.sh/capacity-type"
 POOL_LABEL = "gpuinfra.io/pool"
 PRESTOP_ANNOTATION = "gpuinfra.io/prestop-timeout-seconds"
-"""Pod-template annotation carrying the serving preStop budget (agreed with components/vllm_serving.py)."""
+"""Pod-template annotation carrying the serving preStop budget (agreed with components/serving/vllm_serving.py)."""
 SERVING_COMPONENT_LABEL = "gpuinfra.io/component"
 
 # ---- stack-aware policy config ---------------------------------------------------------------

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import kubernetes_validate
 
-from components.config import K8S_VERSIONS
+from components.config_types import K8S_VERSIONS
 from components.config_loader import ConfigError
 from tools.offline import ProgramRun, manifest
 

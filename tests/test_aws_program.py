@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from components.cilium_values import CILIUM_VERSION
-from components.karpenter_specs import DEVICE_PLUGIN_VERSION, KARPENTER_VERSION
-from components.nodeadm import cpuset_size, parse_user_data
+from components.aws.cilium_values import CILIUM_VERSION
+from components.aws.karpenter_specs import DEVICE_PLUGIN_VERSION, KARPENTER_VERSION
+from components.aws.nodeadm import cpuset_size, parse_user_data
 from tests.conftest import stack_run
 from tools.offline import ProgramRun, stack_config
 
@@ -193,7 +193,7 @@ def test_handle_outputs_reach_the_stack_outputs():
 
 
 def test_reserved_cpus_match_the_validation_model():
-    from components.config import AwsCluster  # noqa: F401 - the model the stack file was parsed into
+    from components.aws.config import AwsCluster  # noqa: F401 - the model the stack file was parsed into
 
     run = stack_run("prod")
     classes = run.by_type(NODECLASS)

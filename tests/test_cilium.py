@@ -6,8 +6,8 @@ from typing import Any, Iterator
 
 import pytest
 
-from components.cilium_values import CILIUM_VERSION, api_server_host_port, cilium_values
-from components.config import CiliumConfig
+from components.aws.cilium_values import CILIUM_VERSION, api_server_host_port, cilium_values
+from components.aws.config import CiliumConfig
 
 # Leaf keys (dotted) present in cilium/cilium install/kubernetes/cilium/values.yaml, read at commit
 # c547745f (a post-1.15 generated values.yaml; `kubeProxyReplacement` is commented there with

@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from components.contract import ClusterFacts, EndpointFacts, build_contract, plain_outputs
-from components.cluster import GpuPoolInfo
+from components.platform.cluster_handle import GpuPoolInfo
 from gpuinfra_contract import (
     CONTRACT_VERSION,
     PLAIN_OUTPUTS,

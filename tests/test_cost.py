@@ -7,7 +7,9 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from components.catalog import Price, _prices, load_catalog
-from components.config import AwsCluster, ExistingCluster, GcpCluster
+from components.aws.config import AwsCluster
+from components.existing.config import ExistingCluster
+from components.gcp.config import GcpCluster
 from components.cost import (
     HOURS_PER_MONTH,
     CostEstimate,

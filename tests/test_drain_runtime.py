@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-DRAIN = ROOT / "components" / "runtime" / "drain.py"
+DRAIN = ROOT / "components" / "serving" / "runtime" / "drain.py"
 sys.path.insert(0, str(DRAIN.parent))
 import drain as drain_mod  # noqa: E402  (the runtime is a stdlib script, not a package module)
 

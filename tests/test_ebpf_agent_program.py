@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from components.cluster import GPU_TAINT
-from components.ebpf_agent_spec import CAPABILITY_ALLOW_LIST
+from components.platform.cluster_handle import GPU_TAINT
+from components.agent.daemonset_spec import CAPABILITY_ALLOW_LIST
 from tests.support import assert_config_error, manifest, validate_core_objects
 from tools.offline import PROJECT, ProgramRun, parsed_config, run_program, stack_config
 

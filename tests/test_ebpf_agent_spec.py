@@ -11,9 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from components.cluster import GPU_TOLERATION, GpuPoolInfo
-from components.config import SOCKREDIR_MAX_PORTS, EbpfAgentConfig, ObservabilityConfig
-from components.ebpf_agent_spec import (
+from components.platform.cluster_handle import GPU_TOLERATION, GpuPoolInfo
+from components.agent.config import SOCKREDIR_MAX_PORTS, EbpfAgentConfig
+from components.platform.config import ObservabilityConfig
+from components.agent.daemonset_spec import (
     CAPABILITY_ALLOW_LIST,
     CGROUP_MOUNT,
     PROGRAMS,

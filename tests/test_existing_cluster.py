@@ -102,7 +102,9 @@ def test_both_or_neither_kubeconfig_source_is_rejected_before_any_resource():
 
 
 def test_existing_gcp_cluster_budgets_the_pod_share_of_the_gke_notice():
-    from components.config import GKE_CRITICAL_PODS_GRACE_S, GKE_DEFAULT_SPOT_NOTICE_S, ExistingCluster
+    from components.config_types import GKE_DEFAULT_SPOT_NOTICE_S
+    from components.existing.config import ExistingCluster
+    from components.gcp.config import GKE_CRITICAL_PODS_GRACE_S
 
     c = ExistingCluster.model_validate(stack_config("byo")[CLUSTERS_KEY][0])
     assert c.spot_notice_s == GKE_DEFAULT_SPOT_NOTICE_S - GKE_CRITICAL_PODS_GRACE_S

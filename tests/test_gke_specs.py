@@ -1,4 +1,4 @@
-"""Unit tests for the GKE deciders (components/gke_specs.py): config in, pulumi-gcp arguments out."""
+"""Unit tests for the GKE deciders (components/gcp/specs.py): config in, pulumi-gcp arguments out."""
 
 from __future__ import annotations
 
@@ -9,10 +9,11 @@ import re
 import pytest
 from hypothesis import given, strategies as st
 
-from components import gke_specs as spec
+from components.gcp import specs as spec
 from components.catalog import load_catalog
-from components.cluster import CAPACITY_LABEL, POOL_LABEL
-from components.config import GKE_CRITICAL_PODS_GRACE_S, GcpCluster, KubeletNumaConfig, pod_shutdown_grace_s
+from components.platform.cluster_handle import CAPACITY_LABEL, POOL_LABEL
+from components.gcp.config import GKE_CRITICAL_PODS_GRACE_S, GcpCluster, pod_shutdown_grace_s
+from components.node_pools import KubeletNumaConfig
 
 KUBELET_KEYS = {
     # NodePoolNodeConfigKubeletConfigArgs in pulumi-gcp 10.2.0

@@ -7,9 +7,10 @@ import json
 from hypothesis import assume, given, strategies as st
 
 from components.catalog import load_catalog
-from components.cluster import GPU_TAINT, POOL_LABEL
-from components.config import AwsCluster, AwsGpuPool, pool_reserved_cpus
-from components.karpenter_specs import (
+from components.platform.cluster_handle import GPU_TAINT, POOL_LABEL
+from components.aws.config import AwsCluster, AwsGpuPool
+from components.node_pools import pool_reserved_cpus
+from components.aws.karpenter_specs import (
     CILIUM_STARTUP_TAINT,
     FALLBACK_WEIGHT,
     INTERRUPTION_RULES,
@@ -23,7 +24,7 @@ from components.karpenter_specs import (
     nodepool_plans,
     nodepool_spec,
 )
-from components.nodeadm import cpuset_size, parse_user_data
+from components.aws.nodeadm import cpuset_size, parse_user_data
 
 AWS_TYPES = sorted(load_catalog().aws)
 
@@ -189,7 +190,7 @@ def test_explicit_overlapping_cpuset_reserves_each_cpu_once():
 
 
 def test_managed_policy_arns_follow_the_partition():
-    from components.karpenter_specs import managed_policy_arn
+    from components.aws.karpenter_specs import managed_policy_arn
 
     assert managed_policy_arn("aws", "AmazonEKSWorkerNodePolicy") == "arn:aws:iam::aws:policy/AmazonEKSWorkerNodePolicy"
     assert managed_policy_arn("aws-us-gov", "X").startswith("arn:aws-us-gov:iam::aws:policy/")

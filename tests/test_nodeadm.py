@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, strategies as st
 
-from components.config import KubeletNumaConfig, reserved_cpus_for
-from components.nodeadm import (
+from components.node_pools import KubeletNumaConfig, reserved_cpus_for
+from components.aws.nodeadm import (
     NODECONFIG_API_VERSION,
     cpuset_size,
     kubelet_config,
@@ -83,6 +83,6 @@ def test_parse_refuses_non_mime():
 
 def test_overlapping_cpuset_ranges_count_each_cpu_once():
     """The kubelet reserves a set of CPUs; Karpenter's kubeReserved must match config validation."""
-    from components.config import cpuset_cpus
+    from components.node_pools import cpuset_cpus
 
     assert cpuset_size("0-3,2-5") == len(cpuset_cpus("0-3,2-5")) == 6

@@ -271,8 +271,8 @@ def test_on_demand_share_is_a_fraction(spot, od, fallback, count_fallback):
 
 def test_policy_constants_match_what_the_components_render():
     """The pack is a separate program; its label/annotation names must not drift from the components'."""
-    from components.cluster import POOL_LABEL
-    from components.serving_spec import PRESTOP_ANNOTATION
+    from components.platform.cluster_handle import POOL_LABEL
+    from components.serving.pod_spec import PRESTOP_ANNOTATION
 
     assert common.POOL_LABEL == POOL_LABEL
     assert common.PRESTOP_ANNOTATION == PRESTOP_ANNOTATION

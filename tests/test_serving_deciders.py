@@ -12,12 +12,13 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from components.alerts import CUDA_LAUNCH_CALL, CUDA_METRIC, alert_rules, pod_regex, prometheus_rule_spec
-from components.cluster import GPU_TOLERATION, GpuPoolInfo
-from components.config import AlertThresholds, ModelConfig
-from components.dashboard import DASHBOARD_LABEL, UID_MAX, dashboard, dashboard_uid
-from components.serving_autoscale import hpa_spec, scaled_object_spec
-from components.serving_spec import (
+from components.serving.alerts import CUDA_LAUNCH_CALL, CUDA_METRIC, alert_rules, pod_regex, prometheus_rule_spec
+from components.platform.cluster_handle import GPU_TOLERATION, GpuPoolInfo
+from components.platform.config import AlertThresholds
+from components.serving.config import ModelConfig
+from components.serving.dashboard import DASHBOARD_LABEL, UID_MAX, dashboard, dashboard_uid
+from components.serving.autoscale import hpa_spec, scaled_object_spec
+from components.serving.pod_spec import (
     PYTHON_IMAGE,
     dns_label,
     drain_sidecar,
@@ -268,7 +269,7 @@ def test_prewarm_reads_weight_files_within_budget(tmp_path):
     (snap / "model-00002.safetensors").symlink_to(blobs / "b")
     (snap / "config.json").symlink_to(blobs / "cfg")
     (snap / "dangling.safetensors").symlink_to(blobs / "missing")
-    script = ROOT / "components" / "runtime" / "prewarm.py"
+    script = ROOT / "components" / "serving" / "runtime" / "prewarm.py"
     out = subprocess.run([sys.executable, str(script), str(tmp_path / "hub" / "models--org--m")],
                          capture_output=True, text=True, timeout=30)
     rep = json.loads(out.stdout)

@@ -9,11 +9,11 @@ import json
 
 import pytest
 
-from components.cluster import CAPACITY_LABEL
-from components.config import VLLM_IMAGE
-from components.serving_addons import KEDA_CHART, KPS_CHART
-from components.serving_spec import HF_TOKEN_KEY, PYTHON_IMAGE, shared_service_name
-from components.vllm_args import vllm_args
+from components.platform.cluster_handle import CAPACITY_LABEL
+from components.serving.config import VLLM_IMAGE
+from components.platform.addons_values import KEDA_CHART, KPS_CHART
+from components.serving.pod_spec import HF_TOKEN_KEY, PYTHON_IMAGE, shared_service_name
+from components.serving.vllm_args import vllm_args
 from tests.support import validate_core_objects
 from tools.offline import PROJECT, parsed_config, run_program, stack_config
 

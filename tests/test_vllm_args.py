@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from components.config import VLLM_IMAGE, KvCacheDtype, ModelConfig, Quantization
-from components.vllm_args import FLAGS, REMOVED_FLAGS, VLLM_COMMAND, parse_args, vllm_args
+from components.serving.config import VLLM_IMAGE, KvCacheDtype, ModelConfig, Quantization
+from components.serving.vllm_args import FLAGS, REMOVED_FLAGS, VLLM_COMMAND, parse_args, vllm_args
 
 
 def model(**engine) -> ModelConfig:

@@ -22,8 +22,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from components.config import VLLM_IMAGE, KvCacheDtype, Quantization, VllmEngine
-from components.vllm_args import FLAGS, REMOVED_FLAGS, vllm_args
+from components.serving.config import VLLM_IMAGE, KvCacheDtype, Quantization, VllmEngine
+from components.serving.vllm_args import FLAGS, REMOVED_FLAGS, vllm_args
 from tests.support import manifest
 from tests.test_vllm_args import model
 from tools.offline import ROOT
@@ -34,8 +34,8 @@ VENDORED = sorted(p.stem.removeprefix("v") for p in EVIDENCE.glob("v*.json"))
 # The pin, plus every other vendored release: a pin bump only needs its evidence file added.
 CHECKED = sorted({PINNED, *VENDORED})
 METRIC_RE = re.compile(r"vllm:[A-Za-z0-9_:]+")
-METRIC_SOURCES = ["components/alerts.py", "components/dashboard.py", "components/serving_autoscale.py",
-                  *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "components/runtime").glob("*.py"))]
+METRIC_SOURCES = ["components/serving/alerts.py", "components/serving/dashboard.py", "components/serving/autoscale.py",
+                  *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "components/serving/runtime").glob("*.py"))]
 
 
 @lru_cache(maxsize=None)
@@ -178,7 +178,7 @@ def test_block_size_choices_fit_upstream(upstream):
     # Upstream `CacheConfig.block_size: int = Field(default=None, gt=0)`: any positive int, no choice list.
     assert upstream["block_size_annotation"] == "int", (
         f"vllm {upstream['provenance']['version']} changed block_size to {upstream['block_size_annotation']}: "
-        "re-check the block_size Literal in components/config.py"
+        "re-check the block_size Literal in components/serving/config.py"
     )
     assert all(b is None or (isinstance(b, int) and b > 0) for b in literal("block_size"))
 

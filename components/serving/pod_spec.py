@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from components.cluster import CAPACITY_LABEL, POOL_LABEL, GpuPoolInfo, node_selector_term
-from components.config import ModelConfig, Placement, spot_drain_budget_s
-from components.vllm_args import VLLM_COMMAND, vllm_args
+from components.platform.cluster_handle import CAPACITY_LABEL, POOL_LABEL, GpuPoolInfo, node_selector_term
+from components.serving.config import ModelConfig, Placement, spot_drain_budget_s
+from components.serving.vllm_args import VLLM_COMMAND, vllm_args
 
 RUNTIME_DIR = Path(__file__).resolve().parent / "runtime"
 RUNTIME_FILES = ("drain.py", "prewarm.py")

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Sequence
 
-from components.cluster import GpuPoolInfo, node_selector_term
-from components.config import SOCKREDIR_MAX_PORTS, EbpfAgentConfig, ObservabilityConfig
+from components.platform.cluster_handle import GpuPoolInfo, node_selector_term
+from components.agent.config import SOCKREDIR_MAX_PORTS, EbpfAgentConfig
+from components.platform.config import ObservabilityConfig
 
 APP_NAME = "gpuinfra-ebpf-agent"
 """Name of the DaemonSet, Service and ServiceMonitor objects, and the `app.kubernetes.io/name` label."""

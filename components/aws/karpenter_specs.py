@@ -11,15 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from components.cluster import GPU_TAINT, pool_node_labels
-from components.config import (
-    AwsCluster,
-    AwsGpuPool,
-    effective_reserved_cpus,
-    pool_kubelet,
-    pool_reserved_cpus,
-)
-from components.nodeadm import mime_user_data, node_config
+from components.platform.cluster_handle import GPU_TAINT, pool_node_labels
+from components.aws.config import AwsCluster, AwsGpuPool
+from components.node_pools import effective_reserved_cpus, pool_kubelet, pool_reserved_cpus
+from components.aws.nodeadm import mime_user_data, node_config
 
 KARPENTER_VERSION = "1.15.0"
 KARPENTER_CHART = "oci://public.ecr.aws/karpenter/karpenter"

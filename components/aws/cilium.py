@@ -10,7 +10,7 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
-from components.cilium_values import (
+from components.aws.cilium_values import (
     CILIUM_CHART,
     CILIUM_NAMESPACE,
     CILIUM_OPERATOR_SA,
@@ -19,8 +19,8 @@ from components.cilium_values import (
     cilium_values,
     operator_policy,
 )
-from components.config import CiliumConfig
-from components.karpenter_specs import irsa_trust
+from components.aws.config import CiliumConfig
+from components.aws.karpenter_specs import irsa_trust
 
 
 @dataclass(frozen=True)

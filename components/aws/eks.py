@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from components.config import AwsCluster
-from components.karpenter_specs import CILIUM_STARTUP_TAINT
+from components.aws.config import AwsCluster
+from components.aws.karpenter_specs import CILIUM_STARTUP_TAINT
 
 CLUSTER_LOG_TYPES = ["api", "audit", "authenticator"]
 SYSTEM_NODE_LABEL = {"gpuinfra.io/node-role": "system"}

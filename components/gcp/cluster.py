@@ -1,7 +1,7 @@
 """GcpGpuCluster: VPC + Cloud NAT, a private GKE cluster (Dataplane V2, Workload Identity), a system
 pool, spot GPU node pools with a NUMA-aligned kubelet and an on-demand fallback per spot pool.
 
-Every argument comes from `components/gke_specs.py`; this component only wires resources.
+Every argument comes from `components/gcp/specs.py`; this component only wires resources.
 """
 
 from __future__ import annotations
@@ -14,9 +14,10 @@ import pulumi
 import pulumi_gcp as gcp
 import pulumi_kubernetes as k8s
 
-from components import gke_specs as spec
-from components.cluster import ClusterHandle, GpuPoolInfo, pool_info
-from components.config import Environment, GcpCluster
+from components.gcp import specs as spec
+from components.platform.cluster_handle import ClusterHandle, GpuPoolInfo, pool_info
+from components.config_types import Environment
+from components.gcp.config import GcpCluster
 
 
 @dataclass(frozen=True)

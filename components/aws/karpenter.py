@@ -15,8 +15,8 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
-from components.config import AwsCluster
-from components.karpenter_specs import (
+from components.aws.config import AwsCluster
+from components.aws.karpenter_specs import (
     INTERRUPTION_RULES,
     KARPENTER_CHART,
     KARPENTER_CRD_CHART,

@@ -17,19 +17,20 @@ import pulumi_aws as aws
 import pulumi_eks as eks
 import pulumi_kubernetes as k8s
 
-from components.aws_eks import (
+from components.aws.eks import (
     SYSTEM_NODE_LABEL,
     coredns_configuration,
     eks_cluster_settings,
     endpoint_from_kubeconfig,
     system_node_taints,
 )
-from components.aws_network import nat_gateway_count, subnet_layout
-from components.cilium import Cilium, CiliumArgs
-from components.cluster import GPU_TOLERATION, POOL_LABEL, ClusterHandle, pool_info
-from components.config import AwsCluster, Environment
-from components.karpenter import Karpenter, KarpenterArgs
-from components.karpenter_specs import (
+from components.aws.network import nat_gateway_count, subnet_layout
+from components.aws.cilium import Cilium, CiliumArgs
+from components.platform.cluster_handle import GPU_TOLERATION, POOL_LABEL, ClusterHandle, pool_info
+from components.aws.config import AwsCluster
+from components.config_types import Environment
+from components.aws.karpenter import Karpenter, KarpenterArgs
+from components.aws.karpenter_specs import (
     DEVICE_PLUGIN_CHART,
     DEVICE_PLUGIN_REPO,
     DEVICE_PLUGIN_VERSION,

@@ -8,12 +8,15 @@ they deploy the same way onto any cloud.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal, Optional
+from typing import TYPE_CHECKING, Any, Literal, Optional
 
 import pulumi
 import pulumi_kubernetes as k8s
 
-from components.config import AnyPool, ExistingGpuPool
+from components.existing.config import ExistingGpuPool
+
+if TYPE_CHECKING:
+    from components.stack_config import AnyPool
 
 POOL_LABEL = "gpuinfra.io/pool"
 """Node label carrying the GPU pool name, on spot and fallback nodes alike."""

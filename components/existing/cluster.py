@@ -13,8 +13,8 @@ from typing import Any, Optional
 import pulumi
 import pulumi_kubernetes as k8s
 
-from components.cluster import ClusterHandle, pool_info
-from components.config import ExistingCluster as ExistingClusterConfig, KubeconfigFromStack
+from components.platform.cluster_handle import ClusterHandle, pool_info
+from components.existing.config import ExistingCluster as ExistingClusterConfig, KubeconfigFromStack
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ source (the PyPI wheel, extracted into tests/data/vllm/v<version>.json).
 
 from __future__ import annotations
 
-from components.config import ModelConfig
+from components.serving.config import ModelConfig
 
 VLLM_COMMAND = ["vllm", "serve"]
 HOST = "0.0.0.0"

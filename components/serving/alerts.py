@@ -14,7 +14,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from components.config import AlertThresholds, ModelConfig
+from components.platform.config import AlertThresholds
+from components.serving.config import ModelConfig
 
 CUDA_METRIC = "ebpf_cuda_call_enqueue_seconds"
 CUDA_LAUNCH_CALL = "cudaLaunchKernel"

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from components.config import ObservabilityConfig
+from components.platform.config import ObservabilityConfig
 
 
 @dataclass(frozen=True)

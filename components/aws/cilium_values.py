@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import urlparse
 
-from components.config import CiliumConfig
+from components.aws.config import CiliumConfig
 
 CILIUM_VERSION = "1.19.6"
 CILIUM_REPO = "https://helm.cilium.io"

@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from components.config import KubeletNumaConfig, cpuset_cpus
+from components.node_pools import KubeletNumaConfig, cpuset_cpus
 
 NODECONFIG_API_VERSION = "node.eks.aws/v1alpha1"
 NODECONFIG_CONTENT_TYPE = "application/node.eks.aws"
@@ -27,7 +27,7 @@ MIME_BOUNDARY = "//"
 def reserved_cpuset(count: int) -> str:
     """The first `count` CPUs as a kubelet cpuset (`0`, `0-3`).
 
-    CPUs 0..n-1 sit on NUMA node 0 on EC2's multi-socket sizes; the validation in config.py
+    CPUs 0..n-1 sit on NUMA node 0 on EC2's multi-socket sizes; the validation in node_pools.py
     assumes exactly that when it checks that a pod fits one NUMA node.
     """
     if count < 1:

@@ -11,8 +11,8 @@ import hashlib
 import json
 from typing import Any
 
-from components.alerts import CUDA_LAUNCH_CALL, CUDA_METRIC, DRAIN_METRIC, job_selector, pod_selector
-from components.config import ModelConfig
+from components.serving.alerts import CUDA_LAUNCH_CALL, CUDA_METRIC, DRAIN_METRIC, job_selector, pod_selector
+from components.serving.config import ModelConfig
 
 DASHBOARD_LABEL = {"grafana_dashboard": "1"}
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}

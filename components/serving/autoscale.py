@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from components.alerts import job_selector
-from components.config import ModelConfig, Placement
+from components.serving.alerts import job_selector
+from components.serving.config import ModelConfig, Placement
 
 KEDA_API = "keda.sh/v1alpha1"
 EXTERNAL_METRIC = "vllm_num_requests_waiting"

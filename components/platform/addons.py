@@ -9,9 +9,9 @@ from typing import Optional
 import pulumi
 import pulumi_kubernetes as k8s
 
-from components.config import Namespaces, ObservabilityConfig
+from components.platform.config import Namespaces, ObservabilityConfig
 from components.options import inherited_depends_on
-from components.serving_addons import KEDA_CHART, KEDA_RELEASE, KPS_CHART, ChartPin, keda_values, kps_values
+from components.platform.addons_values import KEDA_CHART, KEDA_RELEASE, KPS_CHART, ChartPin, keda_values, kps_values
 
 
 @dataclass(frozen=True)

@@ -13,16 +13,10 @@ import re
 from typing import Any, Literal
 
 from components.catalog import load_catalog
-from components.cluster import GPU_TAINT, GPU_TOLERATION, POOL_LABEL, pool_node_labels
-from components.config import (
-    GKE_CRITICAL_PODS_GRACE_S,
-    GKE_DEFAULT_SPOT_NOTICE_S,
-    Environment,
-    GcpCluster,
-    GcpGpuPool,
-    KubeletNumaConfig,
-    pool_kubelet,
-)
+from components.platform.cluster_handle import GPU_TAINT, GPU_TOLERATION, POOL_LABEL, pool_node_labels
+from components.config_types import GKE_DEFAULT_SPOT_NOTICE_S, Environment
+from components.gcp.config import GKE_CRITICAL_PODS_GRACE_S, GcpCluster, GcpGpuPool
+from components.node_pools import KubeletNumaConfig, pool_kubelet
 
 PODS_RANGE = "pods"
 SERVICES_RANGE = "services"

@@ -15,13 +15,14 @@ from typing import Optional
 import pulumi
 import pulumi_kubernetes as k8s
 
-from components.alerts import prometheus_rule_spec
-from components.cluster import GpuPoolInfo
-from components.config import ModelConfig, ObservabilityConfig, Placement
-from components.dashboard import DASHBOARD_LABEL, dashboard_json
+from components.serving.alerts import prometheus_rule_spec
+from components.platform.cluster_handle import GpuPoolInfo
+from components.platform.config import ObservabilityConfig
+from components.serving.config import ModelConfig, Placement
+from components.serving.dashboard import DASHBOARD_LABEL, dashboard_json
 from components.options import inherited_depends_on
-from components.serving_autoscale import KEDA_API, hpa_spec, scaled_object_spec
-from components.serving_spec import (
+from components.serving.autoscale import KEDA_API, hpa_spec, scaled_object_spec
+from components.serving.pod_spec import (
     HF_TOKEN_KEY,
     OVERFLOW_ANNOTATION,
     ROLE_LABEL,

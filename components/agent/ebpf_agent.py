@@ -14,10 +14,11 @@ from typing import Optional
 import pulumi
 import pulumi_kubernetes as k8s
 
-from components.cluster import GpuPoolInfo
-from components.config import EbpfAgentConfig, ObservabilityConfig
+from components.platform.cluster_handle import GpuPoolInfo
+from components.agent.config import EbpfAgentConfig
+from components.platform.config import ObservabilityConfig
 from components.options import inherited_depends_on
-from components.ebpf_agent_spec import (
+from components.agent.daemonset_spec import (
     APP_NAME,
     accelerated_ports,
     critical_pods_quota_spec,

@@ -7,15 +7,18 @@ from typing import Any
 
 import pulumi
 
-from components.addons import PlatformAddons, PlatformAddonsArgs
-from components.aws_cluster import AwsGpuCluster, AwsGpuClusterArgs
-from components.cluster import ClusterHandle
-from components.config import AwsCluster, ExistingCluster as ExistingClusterConfig, GcpCluster, StackConfig
+from components.platform.addons import PlatformAddons, PlatformAddonsArgs
+from components.aws.cluster import AwsGpuCluster, AwsGpuClusterArgs
+from components.platform.cluster_handle import ClusterHandle
+from components.aws.config import AwsCluster
+from components.existing.config import ExistingCluster as ExistingClusterConfig
+from components.gcp.config import GcpCluster
+from components.stack_config import StackConfig
 from components.config_loader import LoadedConfig
-from components.ebpf_agent import EbpfAgent, EbpfAgentArgs
-from components.existing_cluster import ExistingCluster, ExistingClusterArgs
-from components.gcp_cluster import GcpGpuCluster, GcpGpuClusterArgs
-from components.vllm_serving import VllmServing, VllmServingArgs
+from components.agent.ebpf_agent import EbpfAgent, EbpfAgentArgs
+from components.existing.cluster import ExistingCluster, ExistingClusterArgs
+from components.gcp.cluster import GcpGpuCluster, GcpGpuClusterArgs
+from components.serving.vllm_serving import VllmServing, VllmServingArgs
 
 
 def platform_labels(cfg: StackConfig) -> dict[str, str]:

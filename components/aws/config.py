@@ -1,0 +1,203 @@
+"""The AWS cluster's config: EKS, its VPC and endpoint, the system node group, Cilium, Karpenter and
+the GPU pools (Karpenter NodePools)."""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import Annotated, Literal
+
+from pydantic import ConfigDict, Field, StringConstraints, field_validator, model_validator
+
+from components.catalog import InstanceType, load_catalog
+from components.config_types import AWS_SPOT_NOTICE_S, Base, Cidr, Duration, Name, allowed
+from components.node_pools import GpuPoolBase, KubeletNumaConfig, cpuset_cpus, reserved_cpus_for
+
+
+class AwsGpuPool(GpuPoolBase):
+    instance_families: list[str] = Field(default_factory=list)
+    """EC2 GPU families from the catalog, e.g. `g6`, `p5`."""
+    instance_types_allowed: list[str] = Field(default_factory=list, alias="instance_types")
+    """EC2 GPU instance types from the catalog."""
+    root_volume_gib: int = Field(200, ge=50, le=16384)
+    """Encrypted gp3 root volume, sized for model caches."""
+    consolidate_after: Duration = "10m"
+    """Karpenter `disruption.consolidateAfter`."""
+    disruption_budget_nodes: Annotated[str, StringConstraints(pattern=r"^([0-9]+%?)$")] = "10%"
+    """Karpenter disruption budget (`nodes`), a count or a percentage."""
+    expire_after: Duration = "720h"
+    """Karpenter `expireAfter`: node lifetime."""
+
+    model_config = ConfigDict(populate_by_name=True)  # merged with Base's
+
+    @field_validator("instance_families")
+    @classmethod
+    def _known_families(cls, v: list[str]) -> list[str]:
+        known = load_catalog().aws_families()
+        bad = [f for f in v if f not in known]
+        if bad:
+            raise ValueError(f"unknown GPU instance family {bad}; allowed: {allowed(known)}")
+        return v
+
+    @field_validator("instance_types_allowed")
+    @classmethod
+    def _known_types(cls, v: list[str]) -> list[str]:
+        known = load_catalog().aws
+        bad = [t for t in v if t not in known]
+        if bad:
+            raise ValueError(
+                f"{bad} is not a GPU instance type in the catalog (a pool needs GPUs); "
+                f"allowed: {allowed(known)}"
+            )
+        return v
+
+    @model_validator(mode="after")
+    def _has_types(self):
+        if not self.instance_families and not self.instance_types_allowed:
+            raise ValueError("instance_types: set instance_families and/or instance_types (at least one GPU type)")
+        # One EC2NodeClass (one kubelet config) serves every type of the pool, so the largest
+        # type's CPU reservation lands on the smallest one too.
+        types = self.instance_types
+        reserved = max(reserved_cpus_for(t.vcpus) for t in types)
+        small = [t.name for t in types if reserved > t.vcpus // 2]
+        if small:
+            raise ValueError(
+                f"instance_types: {small} are too small next to the pool's largest type: every node "
+                f"of a pool reserves {reserved} CPUs for the system, which would take over half of "
+                f"theirs; allowed: types within one size class per pool (split the pool)"
+            )
+        return self
+
+    @property
+    def instance_types(self) -> list[InstanceType]:
+        cat = load_catalog()
+        names = {t.name for t in cat.aws_types_in_families(self.instance_families)}
+        names |= set(self.instance_types_allowed)
+        return [cat.aws[n] for n in sorted(names)]
+
+
+class AwsNetwork(Base):
+    vpc_cidr: Cidr = ipaddress.IPv4Network("10.0.0.0/16")
+    """VPC range (/20 or larger); split into public and private subnets per AZ."""
+    availability_zones: int = Field(3, ge=2, le=6)
+    """Number of AZs with subnets."""
+    single_nat_gateway: bool = False
+    """One NAT gateway instead of one per AZ (cheaper, not zone-redundant)."""
+
+
+class EksEndpoint(Base):
+    private_access: bool = True
+    """Private API endpoint inside the VPC."""
+    public_access: bool = True
+    """Public API endpoint."""
+    public_access_cidrs: list[Cidr] = Field(default_factory=lambda: [ipaddress.IPv4Network("0.0.0.0/0")])
+    """CIDRs allowed to the public endpoint."""
+
+
+class SystemNodeGroup(Base):
+    instance_type: str = "m7i.xlarge"
+    """Instance type of the system nodes."""
+    min_size: int = Field(2, ge=1)
+    """Minimum system nodes."""
+    desired_size: int = Field(2, ge=1)
+    """Initial system nodes."""
+    max_size: int = Field(4, ge=1)
+    """Maximum system nodes."""
+
+    @model_validator(mode="after")
+    def _sizes(self):
+        if not self.min_size <= self.desired_size <= self.max_size:
+            raise ValueError("desired_size: need min_size <= desired_size <= max_size")
+        return self
+
+
+class CiliumConfig(Base):
+    enabled: bool = True
+    """Install Cilium (no aws-node, no kube-proxy)."""
+    hubble: bool = True
+    """Hubble with metrics."""
+    bandwidth_manager: bool = True
+    """The bandwidth manager with BBR."""
+
+
+class KarpenterConfig(Base):
+    interruption_queue: bool = True
+    """SQS interruption queue + EventBridge rules (required with spot pools)."""
+    replicas: int = Field(2, ge=1, le=5)
+    """Karpenter controller replicas."""
+    ami_alias: Annotated[str, StringConstraints(pattern=r"^al2023@(v[0-9]{8}|latest)$")] = "al2023@v20260512"
+    """EC2NodeClass `amiSelectorTerms[].alias`: an AL2023 EKS AMI release (GPU types get the NVIDIA
+    variant). `al2023@latest` follows AWS's recommended AMI and is refused in prod."""
+
+
+CILIUM_CLUSTER_NAME_MAX = 32
+"""Cilium's `cluster.name` limit (the EKS cluster name is passed as it)."""
+
+
+class AwsCluster(Base):
+    cloud: Literal["aws"]
+    """`aws`: EKS + Karpenter."""
+    name: Name
+    """Cluster name (EKS cluster, tags, object names)."""
+    region: Annotated[str, StringConstraints(pattern=r"^[a-z]{2}(-gov)?-[a-z]+-[0-9]$")]
+    """AWS region, e.g. `us-east-1`."""
+    kubernetes_version: Literal["1.33", "1.34", "1.35", "1.36"] = "1.35"
+    """EKS Kubernetes version."""
+    network: AwsNetwork = AwsNetwork()
+    """The VPC."""
+    endpoint: EksEndpoint = EksEndpoint()
+    """EKS API endpoint access."""
+    secrets_encryption: bool = True
+    """Encrypt Kubernetes secrets with a KMS key."""
+    system_node_group: SystemNodeGroup = SystemNodeGroup()
+    """The on-demand managed node group for controllers."""
+    cilium: CiliumConfig = CiliumConfig()
+    """Cilium as the CNI with kube-proxy replacement."""
+    karpenter: KarpenterConfig = KarpenterConfig()
+    """Karpenter settings."""
+    kubelet: KubeletNumaConfig = KubeletNumaConfig()
+    """NUMA kubelet settings of the GPU nodes (nodeadm NodeConfig)."""
+    gpu_pools: list[AwsGpuPool] = Field(min_length=1)
+    """GPU pools: a spot (or on-demand) NodePool each, plus an on-demand fallback."""
+
+    @property
+    def spot_notice_s(self) -> int:
+        return AWS_SPOT_NOTICE_S
+
+    def cidrs(self) -> dict[str, Cidr]:
+        return {"network.vpc_cidr": self.network.vpc_cidr}
+
+    @model_validator(mode="after")
+    def _aws_rules(self):
+        if self.cilium.enabled and len(self.name) > CILIUM_CLUSTER_NAME_MAX:
+            # The name becomes Cilium's `cluster.name`, which the agent refuses above 32 characters
+            # (cilium pkg/clustermesh/types/option.go: "at most 32 lower case alphanumeric characters").
+            raise ValueError(
+                f"name: '{self.name}' is {len(self.name)} characters; Cilium's cluster.name takes at "
+                f"most {CILIUM_CLUSTER_NAME_MAX}; allowed: at most {CILIUM_CLUSTER_NAME_MAX} characters "
+                f"(or cilium.enabled: false)"
+            )
+        for j, pool in enumerate(self.gpu_pools):
+            key = f"gpu_pools[{j}].kubelet" if pool.kubelet is not None else "kubelet"
+            kubelet = pool.kubelet or self.kubelet
+            if kubelet.cpu_manager_policy != "static" or not kubelet.reserved_system_cpus:
+                continue
+            cpus = cpuset_cpus(kubelet.reserved_system_cpus)
+            smallest = min(t.vcpus for t in pool.instance_types)
+            if max(cpus) >= smallest or len(cpus) > smallest // 2:
+                raise ValueError(
+                    f"{key}.reserved_system_cpus: '{kubelet.reserved_system_cpus}' does not fit "
+                    f"gpu_pools[{j}] ('{pool.name}', smallest type {smallest} vCPUs); allowed: CPU ids "
+                    f"below {smallest}, at most {smallest // 2} of them"
+                )
+        if self.cilium.enabled and not self.endpoint.private_access:
+            raise ValueError(
+                "endpoint.private_access: Cilium's kube-proxy replacement reaches the API server from "
+                "the nodes through the private endpoint; allowed: true (or cilium.enabled: false)"
+            )
+        if self.network.vpc_cidr.prefixlen > 20:
+            raise ValueError(
+                f"network.vpc_cidr: {self.network.vpc_cidr} is too small for a private and a public "
+                f"subnet in each of up to 6 AZs (ENI IPAM gives every pod a VPC address); allowed: "
+                f"a /20 or larger"
+            )
+        return self

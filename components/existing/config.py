@@ -1,0 +1,106 @@
+"""The config of a cluster this platform does not manage: where its kubeconfig comes from and the GPU
+node groups it already has."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, Optional
+
+from pydantic import Field, StringConstraints, field_validator, model_validator
+
+from components.catalog import InstanceType, load_catalog
+from components.config_types import AWS_SPOT_NOTICE_S, GKE_DEFAULT_SPOT_NOTICE_S, Base, Capacity, Cidr, Name, TopologyPolicy, allowed
+from components.gcp.config import pod_shutdown_grace_s
+
+
+class ExistingGpuPool(Base):
+    """A GPU node group on a cluster this platform does not manage."""
+
+    name: Name
+    """Pool name used by placements."""
+    gpu: str
+    """GPU model from the catalog, e.g. `L4`."""
+    gpus_per_node: int = Field(ge=1, le=16)
+    """GPUs per node."""
+    numa_nodes: int = Field(1, ge=1, le=8)
+    """NUMA nodes per node."""
+    vcpus: int = Field(ge=2)
+    """vCPUs per node."""
+    memory_gib: int = Field(ge=4)
+    """Memory per node."""
+    capacity: Capacity = "on-demand"
+    """`spot` or `on-demand`."""
+    node_selector: dict[str, str] = Field(min_length=1)
+    """Labels that select these nodes."""
+    gpu_taint: bool = True
+    """Whether the nodes carry the `nvidia.com/gpu:NoSchedule` taint (tolerated if so)."""
+    topology_manager_policy: TopologyPolicy = "none"
+    """What the existing nodes' kubelet is set to (validation only; nothing is changed)."""
+    on_demand_fallback: bool = False
+    """Whether the nodes have an on-demand fallback (informational)."""
+
+    @field_validator("gpu")
+    @classmethod
+    def _known_gpu(cls, v: str) -> str:
+        known = load_catalog().gpus
+        if v not in known:
+            raise ValueError(f"unknown GPU '{v}'; allowed: {allowed(known)}")
+        return v
+
+    @property
+    def instance_types(self) -> list[InstanceType]:
+        return [
+            InstanceType(
+                cloud="existing",
+                name=f"existing:{self.name}",
+                gpu=load_catalog().gpus[self.gpu],
+                gpu_count=self.gpus_per_node,
+                vcpus=self.vcpus,
+                memory_gib=self.memory_gib,
+                numa_nodes=self.numa_nodes,
+                family="existing",
+            )
+        ]
+
+
+class KubeconfigFromStack(Base):
+    stack: Annotated[str, StringConstraints(pattern=r"^[^/\s]+/[^/\s]+/[^/\s]+$")]
+    """Fully qualified `org/project/stack` of the stack that exports the kubeconfig."""
+    output: str = "kubeconfig"
+    """The output holding the kubeconfig (or a map of them, see `key`)."""
+    key: Optional[str] = None
+    """When the output is a map (e.g. `kubeconfigs` keyed by cluster name), the entry to use."""
+
+
+class ExistingCluster(Base):
+    cloud: Literal["existing"]
+    """`existing`: a cluster this platform does not manage."""
+    name: Name
+    """Name used for objects and outputs."""
+    kubeconfig_secret: Optional[Annotated[str, StringConstraints(pattern=r"^[a-zA-Z][a-zA-Z0-9_]*$")]] = None
+    """Name of a secret config key (in this project) that holds the kubeconfig."""
+    stack_reference: Optional[KubeconfigFromStack] = None
+    """Read the kubeconfig from another stack's output."""
+    underlying_cloud: Literal["aws", "gcp", "other"] = "other"
+    """Where the nodes run: sets the spot notice the serving drain budgets against."""
+    region: str = "unknown"
+    """Informational region."""
+    gpu_pools: list[ExistingGpuPool] = Field(min_length=1)
+    """The GPU node groups the cluster already has."""
+
+    @model_validator(mode="after")
+    def _one_source(self):
+        if (self.kubeconfig_secret is None) == (self.stack_reference is None):
+            raise ValueError("kubeconfig_secret: set exactly one of kubeconfig_secret or stack_reference")
+        return self
+
+    @property
+    def spot_notice_s(self) -> int:
+        gke = pod_shutdown_grace_s(GKE_DEFAULT_SPOT_NOTICE_S)  # what a pod gets on a default GKE spot node
+        return {"aws": AWS_SPOT_NOTICE_S, "gcp": gke}.get(self.underlying_cloud, 0)
+
+    @property
+    def kubelet(self) -> None:
+        return None
+
+    def cidrs(self) -> dict[str, Cidr]:
+        return {}

@@ -1,0 +1,257 @@
+"""A served model's config: the vLLM engine flags, resources, weight cache, drain, autoscaling and
+where it is placed."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, Optional
+
+from pydantic import Field, StringConstraints, field_validator, model_validator
+
+from components.config_types import SPOT_NOTICE_MARGIN_S, Base, Name, Port, image_unpinned
+
+
+Quantization = Literal["fp8", "awq", "awq_marlin", "gptq", "gptq_marlin", "compressed-tensors"]
+"""`--quantization` values in the pinned vLLM's `QuantizationMethods` (vllm 0.32.0 and 0.33.0,
+vllm/model_executor/layers/quantization/__init__.py; vendored in tests/data/vllm/). `bitsandbytes`
+is no longer one: vLLM 0.32 rejects it with "Unknown quantization method"."""
+KvCacheDtype = Literal["auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2"]
+"""`--kv-cache-dtype` choices that exist in the pinned vLLM (and every release since 0.11)."""
+
+VLLM_IMAGE = "vllm/vllm-openai:v0.33.0"
+"""The pinned vLLM OpenAI server image (newest release whose exact tag could be verified)."""
+
+BYTES_PER_PARAM: dict[Optional[str], float] = {
+    None: 2.0,  # bf16 / fp16
+    "fp8": 1.0,
+    "compressed-tensors": 1.0,  # the common FP8/INT8 checkpoints
+    "awq": 0.5,
+    "awq_marlin": 0.5,
+    "gptq": 0.5,
+    "gptq_marlin": 0.5,
+}
+
+
+class VllmEngine(Base):
+    tensor_parallel_size: int = Field(1, ge=1, le=16)
+    """`--tensor-parallel-size`; must divide the GPUs per node of every instance type in the pool."""
+    pipeline_parallel_size: int = Field(1, ge=1, le=8)
+    """`--pipeline-parallel-size`; GPUs per replica = TP x PP (single node)."""
+    gpu_memory_utilization: float = Field(0.90, gt=0, le=0.95)
+    """`--gpu-memory-utilization`, in (0, 0.95]."""
+    max_model_len: int = Field(8192, ge=256, le=1_048_576)
+    """`--max-model-len`."""
+    enable_chunked_prefill: bool = True
+    """`--enable-chunked-prefill` / `--no-enable-chunked-prefill`."""
+    max_num_batched_tokens: Optional[int] = Field(None, ge=256)
+    """`--max-num-batched-tokens`; vLLM's default when unset."""
+    max_num_seqs: Optional[int] = Field(None, ge=1, le=4096)
+    """`--max-num-seqs`; vLLM's default when unset."""
+    quantization: Optional[Quantization] = None
+    """`--quantization`; `fp8` needs FP8 tensor cores (Ada/Hopper). Unset: bf16 weights."""
+    kv_cache_dtype: KvCacheDtype = "auto"
+    """`--kv-cache-dtype`."""
+    block_size: Optional[Literal[8, 16, 32, 64, 128]] = None
+    """`--block-size`; vLLM's default when unset."""
+    enable_prefix_caching: bool = True
+    """`--enable-prefix-caching` / `--no-enable-prefix-caching`."""
+    shutdown_timeout_s: Optional[int] = Field(None, ge=0, le=3600)
+    """Default: the model's `drain.max_request_s`."""
+    port: Port = 8000
+    """`--port` of the OpenAI-compatible server and /metrics."""
+    image: str = VLLM_IMAGE
+    """The vLLM OpenAI image; the flags are checked against VLLM_IMAGE's release."""
+
+    @field_validator("image")
+    @classmethod
+    def _image_pinned(cls, v: str) -> str:
+        if image_unpinned(v):
+            raise ValueError("pin the image to a tag other than 'latest' or to a digest")
+        return v
+
+    @property
+    def gpus_per_replica(self) -> int:
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+
+class ModelResources(Base):
+    cpu: int = Field(ge=1, le=256)
+    """Whole CPUs (requests == limits) so the static CPU manager pins them: Guaranteed QoS."""
+    memory_gib: int = Field(ge=1, le=4096)
+    """Memory request == limit, GiB (includes /dev/shm)."""
+    shm_size_gib: Optional[int] = Field(None, ge=1, le=1024)
+    """/dev/shm size. Default: 2 GiB, or 4 GiB per GPU when tensor_parallel_size > 1."""
+
+
+class ModelCache(Base):
+    kind: Literal["host_path", "pvc"] = "host_path"
+    """`host_path` (node-local NVMe) or `pvc` (a ReadWriteMany claim)."""
+    host_path: str = "/mnt/models"
+    """Node directory for the model cache when `kind: host_path`."""
+    pvc_size_gib: int = Field(500, ge=10)
+    """Size of the claim when `kind: pvc`."""
+    storage_class: Optional[str] = None
+    """StorageClass of the claim; the cluster default when unset."""
+    prewarm: bool = True
+    """Warm the page cache with the weights (fadvise WILLNEED) in an initContainer."""
+
+
+class Drain(Base):
+    max_request_s: int = Field(60, ge=1, le=3600)
+    """The longest stream a request is expected to take (p99.9)."""
+    prestop_timeout_s: Optional[int] = Field(None, ge=1, le=3600)
+    """Bound on the preStop wait for `vllm:num_requests_running == 0`. Default: max_request_s."""
+    spot_drain_budget_s: Optional[int] = Field(None, ge=1, le=600)
+    """Seconds the spot drain may take. Default: the cloud's notice minus a 5 s margin."""
+    termination_buffer_s: int = Field(10, ge=0, le=300)
+    """Seconds added to preStop + shutdown for the grace period."""
+    readiness_settle_s: int = Field(5, ge=0, le=60)
+    """Time after readiness fails for endpoint removal to reach every proxy, before `running == 0`
+    is trusted; part of (not added to) prestop_timeout_s and the spot drain budget."""
+    termination_grace_period_s: Optional[int] = Field(None, ge=1, le=7200)
+    """Default: prestop_timeout_s + shutdown_timeout_s + termination_buffer_s."""
+
+
+class Autoscaling(Base):
+    enabled: bool = True
+    """Scale between the placement's min/max replicas; off: min_replicas fixed."""
+    mode: Literal["keda", "hpa"] = "keda"
+    """`keda` (ScaledObject, Prometheus trigger) or `hpa` (autoscaling/v2 External metric)."""
+    target_queue_depth: int = Field(5, ge=1)
+    """Target `vllm:num_requests_waiting` per replica."""
+    polling_interval_s: int = Field(15, ge=5)
+    """KEDA polling interval."""
+    cooldown_s: int = Field(300, ge=30)
+    """KEDA cooldown before scaling to min."""
+
+
+class Placement(Base):
+    cluster: Name
+    """Name of a cluster in `clusters`."""
+    pool: Name
+    """Name of a GPU pool in that cluster."""
+    min_replicas: int = Field(1, ge=0, le=100)
+    """Minimum replicas on this placement."""
+    max_replicas: int = Field(ge=1, le=100)
+    """Maximum replicas on this placement."""
+
+    @model_validator(mode="after")
+    def _bounds(self):
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(f"min_replicas: {self.min_replicas} must be <= max_replicas ({self.max_replicas})")
+        return self
+
+
+class ModelConfig(Base):
+    name: Name
+    """Config name of the model entry; names the Kubernetes objects (DNS label)."""
+    model: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][-\w.]*/[-\w.]+$")]
+    """Hugging Face repo id, `org/name`."""
+    served_model_name: Optional[str] = None
+    """The `model` clients send. Default: `model`."""
+    params_billion: float = Field(gt=0, le=2000)
+    """Parameter count in billions; sizes the weight-memory check."""
+    gated: bool = False
+    """A gated repo: needs the secret config key `hf_token`."""
+    tier: Literal["primary", "economy"] = "primary"
+    """`primary`, or `economy` for a cheaper tier that takes a primary's overflow."""
+    overflow_to: Optional[Name] = None
+    """Name of an `economy`-tier model entry that takes this model's overflow."""
+    min_kv_cache_gib: float = Field(2.0, gt=0)
+    """KV-cache headroom that must remain after the weights at gpu_memory_utilization."""
+    engine: VllmEngine = VllmEngine()
+    """vLLM engine settings (each maps to one `vllm serve` flag)."""
+    resources: ModelResources
+    """CPU, memory and /dev/shm of the vLLM container."""
+    cache: ModelCache = ModelCache()
+    """Where the weights are cached on the node and how they are pre-warmed."""
+    drain: Drain = Drain()
+    """Zero-dropped-stream drain on rollout and spot interruption."""
+    autoscaling: Autoscaling = Autoscaling()
+    """Replica autoscaling on `vllm:num_requests_waiting`."""
+    placements: list[Placement] = Field(min_length=1)
+    """Where the model runs: one serving stack per (cluster, GPU pool)."""
+
+    @property
+    def served_name(self) -> str:
+        return self.served_model_name or self.model
+
+    @property
+    def weights_gib(self) -> float:
+        return self.params_billion * 1e9 * BYTES_PER_PARAM[self.engine.quantization] / 2**30
+
+    @property
+    def shm_size_gib(self) -> int:
+        if self.resources.shm_size_gib is not None:
+            return self.resources.shm_size_gib
+        return 4 * self.engine.tensor_parallel_size if self.engine.tensor_parallel_size > 1 else 2
+
+    @property
+    def shutdown_timeout_s(self) -> int:
+        e = self.engine.shutdown_timeout_s
+        return self.drain.max_request_s if e is None else e
+
+    @property
+    def prestop_timeout_s(self) -> int:
+        p = self.drain.prestop_timeout_s
+        return self.drain.max_request_s if p is None else p
+
+    @property
+    def min_termination_grace_period_s(self) -> int:
+        """preStop wait + vLLM shutdown timeout + buffer: the least grace that drains a pod."""
+        return self.prestop_timeout_s + self.shutdown_timeout_s + self.drain.termination_buffer_s
+
+    @property
+    def termination_grace_period_s(self) -> int:
+        t = self.drain.termination_grace_period_s
+        return self.min_termination_grace_period_s if t is None else t
+
+    @model_validator(mode="after")
+    def _model_rules(self):
+        e = self.engine
+        floor = self.min_termination_grace_period_s
+        if self.termination_grace_period_s < floor:
+            raise ValueError(
+                f"drain.termination_grace_period_s: {self.termination_grace_period_s} must be >= "
+                f"prestop_timeout_s + shutdown_timeout_s + termination_buffer_s = {floor}"
+            )
+        if e.tensor_parallel_size > 1 and self.shm_size_gib < 2 * e.tensor_parallel_size:
+            raise ValueError(
+                f"resources.shm_size_gib: {self.shm_size_gib} is too small for tensor_parallel_size "
+                f"{e.tensor_parallel_size}: NCCL needs at least {2 * e.tensor_parallel_size} GiB of /dev/shm"
+            )
+        if self.resources.memory_gib <= self.shm_size_gib:
+            raise ValueError(
+                f"resources.memory_gib: {self.resources.memory_gib} must exceed shm_size_gib "
+                f"({self.shm_size_gib}): a Memory emptyDir counts against the pod's memory limit"
+            )
+        if self.overflow_to is not None and self.tier != "primary":
+            raise ValueError("overflow_to: only allowed on a primary-tier model")
+        if self.drain.readiness_settle_s >= self.prestop_timeout_s:
+            raise ValueError(
+                f"drain.readiness_settle_s: {self.drain.readiness_settle_s} must be shorter than "
+                f"drain.prestop_timeout_s ({self.prestop_timeout_s})"
+            )
+        if self.autoscaling.enabled and self.autoscaling.mode == "hpa":
+            for i, p in enumerate(self.placements):
+                if p.min_replicas < 1:
+                    raise ValueError(
+                        f"placements[{i}].min_replicas: 0 needs autoscaling.mode keda (an HPA cannot "
+                        f"scale to zero); allowed: >= 1"
+                    )
+        if self.autoscaling.enabled and self.tier == "primary":
+            for i, p in enumerate(self.placements):
+                if p.min_replicas < 1:
+                    raise ValueError(
+                        f"placements[{i}].min_replicas: 0 on a primary-tier model never scales up "
+                        f"again (its only autoscaling signal is its own pods' "
+                        f"vllm:num_requests_waiting); allowed: >= 1, or tier: economy (an economy "
+                        f"entry wakes on the primary's backlog)"
+                    )
+        return self
+
+
+def spot_drain_budget_s(m: ModelConfig, spot_notice_s: int) -> int:
+    """The seconds a spot drain may take for `m` on a cluster with `spot_notice_s`."""
+    if m.drain.spot_drain_budget_s is not None:
+        return m.drain.spot_drain_budget_s
+    return max(spot_notice_s - SPOT_NOTICE_MARGIN_S, 0)
