@@ -4,15 +4,21 @@ all use."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Any, Literal, Optional
+from typing import Annotated, Any, Literal, Optional, Protocol
 
 from pydantic import Field, StringConstraints, model_validator
 
 from components.catalog import InstanceType
 from components.config_types import Base, Capacity, Name, TopologyPolicy
 
-if TYPE_CHECKING:
-    from components.stack_config import AnyPool
+
+class AnyPool(Protocol):
+    """A GPU pool of any cluster shape (AWS, GCP or existing): what the CPU arithmetic reads."""
+
+    name: str
+
+    @property
+    def instance_types(self) -> list[InstanceType]: ...
 
 
 class KubeletNumaConfig(Base):

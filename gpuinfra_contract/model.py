@@ -1,8 +1,9 @@
 """The stack-output contract of gpu-inference-platform, defined once as typed models.
 
 The platform builds its stack outputs from these models (components/contract.py) and consumers
-parse them back with `PlatformOutputs.parse` or `PlatformOutputs.from_stack_reference`. Only
-pydantic is needed here, so other teams can import this package without the platform's code.
+parse them back with `PlatformOutputs.parse`, or read another stack's outputs through a Pulumi
+`StackReference` with `PlatformOutputs.from_stack_reference` (a `PlatformReference`). Only pydantic
+and the Pulumi SDK are needed, so other teams can import this package without the platform's code.
 
 Versioning (semver, `contract_version`): a MAJOR bump removes or changes a key; a MINOR bump only
 adds keys (optional ones, so older producers still parse); a PATCH bump changes no key. A helper
@@ -14,6 +15,7 @@ from __future__ import annotations
 import re
 from typing import Any, Literal, Mapping, Optional
 
+import pulumi
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 
 CONTRACT_VERSION = "1.0.0"
@@ -116,10 +118,8 @@ class PlatformOutputs(_Model):
             raise ContractError(_describe(err, source)) from None
 
     @classmethod
-    def from_stack_reference(cls, stack: Any, **kwargs: Any):
-        """A `PlatformReference` to another stack: typed outputs as a Pulumi Output (see stack.py)."""
-        from gpuinfra_contract.stack import PlatformReference
-
+    def from_stack_reference(cls, stack: Any, **kwargs: Any) -> "PlatformReference":
+        """A `PlatformReference` to another stack: typed outputs as a Pulumi Output."""
         return PlatformReference(stack, **kwargs)
 
 
@@ -163,3 +163,70 @@ def _describe(err: ValidationError, source: str) -> str:
         else:
             lines.append(f"  - '{path}': {e['msg']}")
     return f"{source} do not match contract {CONTRACT_VERSION}:\n" + "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------
+# Reading the contract from another stack through a Pulumi `StackReference`
+# --------------------------------------------------------------------------------------------
+#
+# Reading the contract from another stack through a Pulumi `StackReference`.
+#
+#     platform = PlatformOutputs.from_stack_reference("org/gpu-inference-platform/prod")
+#     url = platform.openai_base_url("llama-70b", cluster="prod-use1")   # Output[str], plain
+#     kubeconfig = platform.kubeconfig("prod-use1")                      # Output[str], secret
+#
+# The plain outputs are parsed and checked (version, missing keys) when the reference resolves; a
+# mismatch fails the deployment with the ContractError's message. The kubeconfigs are read from
+# their own output, so everything else a consumer derives stays a plain (non-secret) value.
+
+
+class PlatformReference:
+    def __init__(self, stack: Any, name: Optional[str] = None, opts: Optional[pulumi.ResourceOptions] = None):
+        if isinstance(stack, pulumi.StackReference):
+            self.reference = stack
+            source = f"stack reference '{stack._name}'" if hasattr(stack, "_name") else "stack reference"
+        else:
+            self.reference = pulumi.StackReference(name or f"platform-{stack.replace('/', '-')}", stack, opts=opts)
+            source = f"outputs of stack '{stack}'"
+        plain = {key: self.reference.get_output(key) for key in PLAIN_OUTPUTS}
+        self.outputs: pulumi.Output[PlatformOutputs] = pulumi.Output.all(**plain).apply(
+            lambda values: PlatformOutputs.parse(_present(values), source)
+        )
+        self._source = source
+
+    def cluster(self, name: str) -> pulumi.Output[Cluster]:
+        return self.outputs.apply(lambda o: _cluster(o, name))
+
+    def endpoint(self, model: str, cluster: Optional[str] = None) -> pulumi.Output[ModelEndpoint]:
+        return self.outputs.apply(lambda o: o.endpoint(model, cluster))
+
+    def openai_base_url(self, model: str, cluster: Optional[str] = None) -> pulumi.Output[str]:
+        return self.endpoint(model, cluster).apply(lambda e: e.openai_base_url)
+
+    def served_model_name(self, model: str) -> pulumi.Output[str]:
+        return self.outputs.apply(lambda o: o.model(model).served_model_name)
+
+    def kubeconfig(self, cluster: str) -> pulumi.Output[str]:
+        """The cluster's kubeconfig, always a secret."""
+        raw = self.reference.get_output("kubeconfigs")
+        return pulumi.Output.secret(raw.apply(lambda k: _kubeconfig(k, cluster, self._source)))
+
+
+def _present(values: dict[str, Any]) -> dict[str, Any]:
+    """A StackReference reads an output the stack does not have as None: treat it as missing, so
+    the error says `missing key 'models'` rather than that None is not a mapping."""
+    return {k: v for k, v in values.items() if v is not None}
+
+
+def _cluster(o: PlatformOutputs, name: str) -> Cluster:
+    if name not in o.clusters:
+        raise ContractError(f"no cluster {name!r} in the platform outputs; clusters: {sorted(o.clusters)}")
+    return o.clusters[name]
+
+
+def _kubeconfig(kubeconfigs: Any, cluster: str, source: str) -> str:
+    if not isinstance(kubeconfigs, dict):
+        raise ContractError(f"{source}: missing key 'kubeconfigs'")
+    if cluster not in kubeconfigs:
+        raise ContractError(f"{source}: missing key 'kubeconfigs.{cluster}'; clusters: {sorted(kubeconfigs)}")
+    return kubeconfigs[cluster]

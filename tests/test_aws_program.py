@@ -7,7 +7,8 @@ import json
 import pytest
 
 from components.aws.cilium_values import CILIUM_VERSION
-from components.aws.karpenter_specs import DEVICE_PLUGIN_VERSION, KARPENTER_VERSION
+from components.aws.device_plugin import DEVICE_PLUGIN_VERSION
+from components.aws.karpenter_specs import KARPENTER_VERSION
 from components.aws.nodeadm import cpuset_size, parse_user_data
 from tests.conftest import stack_run
 from tools.offline import ProgramRun, stack_config

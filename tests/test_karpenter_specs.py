@@ -10,17 +10,15 @@ from components.catalog import load_catalog
 from components.platform.cluster_handle import GPU_TAINT, POOL_LABEL
 from components.aws.config import AwsCluster, AwsGpuPool
 from components.node_pools import pool_reserved_cpus
+from components.aws.iam import controller_policy, interruption_queue_policy, node_role_policies
 from components.aws.karpenter_specs import (
     CILIUM_STARTUP_TAINT,
     FALLBACK_WEIGHT,
     INTERRUPTION_RULES,
     SPOT_WEIGHT,
-    controller_policy,
     ec2_nodeclass_spec,
     gpu_limit,
-    interruption_queue_policy,
     karpenter_values,
-    node_role_policies,
     nodepool_plans,
     nodepool_spec,
 )
@@ -190,7 +188,7 @@ def test_explicit_overlapping_cpuset_reserves_each_cpu_once():
 
 
 def test_managed_policy_arns_follow_the_partition():
-    from components.aws.karpenter_specs import managed_policy_arn
+    from components.aws.iam import managed_policy_arn
 
     assert managed_policy_arn("aws", "AmazonEKSWorkerNodePolicy") == "arn:aws:iam::aws:policy/AmazonEKSWorkerNodePolicy"
     assert managed_policy_arn("aws-us-gov", "X").startswith("arn:aws-us-gov:iam::aws:policy/")

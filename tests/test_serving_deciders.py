@@ -18,6 +18,7 @@ from components.platform.config import AlertThresholds
 from components.serving.config import ModelConfig
 from components.serving.dashboard import DASHBOARD_LABEL, UID_MAX, dashboard, dashboard_uid
 from components.serving.autoscale import hpa_spec, scaled_object_spec
+from components.serving.objects import shared_service_spec, tier_service_spec
 from components.serving.pod_spec import (
     PYTHON_IMAGE,
     dns_label,
@@ -27,10 +28,8 @@ from components.serving.pod_spec import (
     prewarm_budget_bytes,
     runtime_files,
     served_slug,
-    shared_service_spec,
     spot_drain_budget,
     startup_probe_timing,
-    tier_service_spec,
     topology_spread,
 )
 

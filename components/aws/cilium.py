@@ -20,7 +20,7 @@ from components.aws.cilium_values import (
     operator_policy,
 )
 from components.aws.config import CiliumConfig
-from components.aws.karpenter_specs import irsa_trust
+from components.aws.iam import irsa_trust
 
 
 @dataclass(frozen=True)

@@ -30,16 +30,14 @@ from components.platform.cluster_handle import GPU_TOLERATION, POOL_LABEL, Clust
 from components.aws.config import AwsCluster
 from components.config_types import Environment
 from components.aws.karpenter import Karpenter, KarpenterArgs
-from components.aws.karpenter_specs import (
+from components.aws.device_plugin import (
     DEVICE_PLUGIN_CHART,
     DEVICE_PLUGIN_REPO,
     DEVICE_PLUGIN_VERSION,
-    DISCOVERY_TAG,
-    assume_role_ec2,
     device_plugin_values,
-    managed_policy_arn,
-    node_role_policies,
 )
+from components.aws.iam import assume_role_ec2, managed_policy_arn, node_role_policies
+from components.aws.karpenter_specs import DISCOVERY_TAG
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,14 @@ import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
 from components.aws.config import AwsCluster
+from components.aws.iam import (
+    assume_role_ec2,
+    controller_policy,
+    interruption_queue_policy,
+    irsa_trust,
+    managed_policy_arn,
+    node_role_policies,
+)
 from components.aws.karpenter_specs import (
     INTERRUPTION_RULES,
     KARPENTER_CHART,
@@ -26,14 +34,8 @@ from components.aws.karpenter_specs import (
     NODECLASS_API,
     NODEPOOL_API,
     QUEUE_RETENTION_S,
-    assume_role_ec2,
-    controller_policy,
-    interruption_queue_policy,
     ec2_nodeclass_spec,
-    irsa_trust,
     karpenter_values,
-    managed_policy_arn,
-    node_role_policies,
     nodeclass_name,
     nodepool_plans,
     nodepool_spec,

@@ -1,5 +1,5 @@
-"""Pure deciders for one model's serving objects: names, labels, the pod, the Deployment, the
-Services (per tier and shared per served model), the PDB and the runtime ConfigMap.
+"""Pure deciders for one model's pods: names, labels, probe timing, the pod, the Deployment and the
+runtime ConfigMap's files (the Services, PDB and cache claim are in `objects.py`).
 
 Everything returns plain Kubernetes documents (camelCase, as `kubectl apply` takes them); the
 `VllmServing` component only turns them into resources.
@@ -382,77 +382,8 @@ def deployment_spec(
     return spec
 
 
-# --------------------------------------------------------------------------------------------
-# Services, PDB, ConfigMap
-# --------------------------------------------------------------------------------------------
-
-
-def service_ports(m: ModelConfig) -> list[dict[str, Any]]:
-    return [
-        {"name": HTTP_PORT_NAME, "port": m.engine.port, "targetPort": HTTP_PORT_NAME, "protocol": "TCP"},
-        {"name": DRAIN_PORT_NAME, "port": drain_port(m), "targetPort": DRAIN_PORT_NAME, "protocol": "TCP"},
-    ]
-
-
-def tier_service_spec(m: ModelConfig) -> dict[str, Any]:
-    """The Service for this model entry (one tier): what its ServiceMonitor and autoscaler watch."""
-    return {"type": "ClusterIP", "selector": selector_labels(m), "ports": service_ports(m)}
-
-
-def tier_service_annotations(m: ModelConfig) -> dict[str, str]:
-    ann = {TIER_LABEL: m.tier, SERVED_LABEL: m.served_name}
-    if m.overflow_to is not None:
-        ann[OVERFLOW_ANNOTATION] = m.overflow_to
-    return ann
-
-
-def shared_service_spec(m: ModelConfig) -> dict[str, Any]:
-    """Every ready replica of the served model, any tier (created by the primary tier's entry)."""
-    return {
-        "type": "ClusterIP",
-        "selector": {"app.kubernetes.io/name": "vllm", SERVED_LABEL: served_slug(m)},
-        "ports": service_ports(m)[:1],  # the HTTP port only: clients use it; scrapes go to the tier Service
-    }
-
-
-def shared_service_labels(m: ModelConfig, base: dict[str, str]) -> dict[str, str]:
-    """The object labels minus the per-entry instance label: the shared Service spans tiers."""
-    labels = {k: v for k, v in object_labels(m, base).items() if k != "app.kubernetes.io/instance"}
-    return {**labels, ROLE_LABEL: "shared"}
-
-
-def owns_shared_service(m: ModelConfig) -> bool:
-    return m.tier == "primary"
-
-
-def service_monitor_spec(m: ModelConfig) -> dict[str, Any]:
-    """Scrape vLLM and the drain sidecar on the tier Service (not the shared one: no double count)."""
-    return {
-        "selector": {"matchLabels": {**selector_labels(m), ROLE_LABEL: "tier"}},
-        "endpoints": [
-            {"port": HTTP_PORT_NAME, "path": "/metrics", "interval": "15s", "scrapeTimeout": "10s"},
-            {"port": DRAIN_PORT_NAME, "path": "/metrics", "interval": "15s", "scrapeTimeout": "5s"},
-        ],
-    }
-
-
-def pdb_spec(m: ModelConfig) -> dict[str, Any]:
-    # maxUnavailable 1 never blocks a node drain forever; AlwaysAllow lets a broken pod be evicted.
-    return {"maxUnavailable": 1, "selector": {"matchLabels": selector_labels(m)}, "unhealthyPodEvictionPolicy": "AlwaysAllow"}
-
-
 def pvc_name(name: str) -> str:
     return f"{name}-model-cache"
-
-
-def pvc_spec(m: ModelConfig) -> dict[str, Any]:
-    spec: dict[str, Any] = {
-        "accessModes": ["ReadWriteMany"],  # every replica, on any node, shares one cache
-        "resources": {"requests": {"storage": f"{m.cache.pvc_size_gib}Gi"}},
-    }
-    if m.cache.storage_class is not None:
-        spec["storageClassName"] = m.cache.storage_class
-    return spec
 
 
 def runtime_configmap_name(name: str) -> str:

@@ -22,25 +22,27 @@ from components.serving.config import ModelConfig, Placement
 from components.serving.dashboard import DASHBOARD_LABEL, dashboard_json
 from components.options import inherited_depends_on
 from components.serving.autoscale import KEDA_API, hpa_spec, scaled_object_spec
+from components.serving.objects import (
+    owns_shared_service,
+    pdb_spec,
+    pvc_spec,
+    service_monitor_spec,
+    shared_service_labels,
+    shared_service_spec,
+    tier_service_annotations,
+    tier_service_spec,
+)
 from components.serving.pod_spec import (
     HF_TOKEN_KEY,
     OVERFLOW_ANNOTATION,
     ROLE_LABEL,
     deployment_spec,
     object_labels,
-    owns_shared_service,
-    pdb_spec,
     pvc_name,
-    pvc_spec,
     runtime_configmap_name,
     runtime_files,
-    service_monitor_spec,
-    shared_service_labels,
     shared_service_name,
-    shared_service_spec,
     startup_budget_s,
-    tier_service_annotations,
-    tier_service_spec,
 )
 
 OPENAI_BASE_PATH = "/v1"
