@@ -41,9 +41,13 @@ class GpuPoolInfo:
     tolerations: tuple[dict[str, str], ...]
     native_names: tuple[str, ...] = ()
     """Names of the native objects behind the pool (Karpenter NodePools, GKE node pools)."""
+    cache_read_mib_s: int = 125
+    """Sustained read throughput, MiB/s, of the volume that holds the model cache on the pool's
+    nodes: what a cold start reads the weights at. Each cluster component derives it from its disk
+    settings; 125 is a gp3 volume's baseline (the slowest default of the clouds served)."""
 
 
-def pool_info(pool: AnyPool, native_names: tuple[str, ...] = ()) -> GpuPoolInfo:
+def pool_info(pool: AnyPool, native_names: tuple[str, ...] = (), cache_read_mib_s: int = 125) -> GpuPoolInfo:
     """Scheduling facts for a pool: managed pools carry our labels and the GPU taint."""
     types = pool.instance_types
     if isinstance(pool, ExistingGpuPool):
@@ -61,6 +65,7 @@ def pool_info(pool: AnyPool, native_names: tuple[str, ...] = ()) -> GpuPoolInfo:
         node_selector=selector,
         tolerations=tolerations,
         native_names=native_names,
+        cache_read_mib_s=cache_read_mib_s,
     )
 
 
