@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import subprocess
 
 from tools.config_reference import reference
 from tools.docs_sync import FILES, ROOT, rendered
@@ -34,3 +35,22 @@ def test_the_two_main_commands_are_make_targets():
         assert cmd in readme
         assert re.search(rf"^{cmd.split()[1]}:", makefile, re.M), cmd
     assert "make test" in (ROOT / ".ci" / "run").read_text()
+
+
+def _ignored(path: str) -> bool:
+    """A path git ignores is made at run time (a venv, a build directory), not shipped."""
+    return subprocess.run(["git", "-C", str(ROOT), "check-ignore", "-q", path]).returncode == 0
+
+
+def _doc_files():
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "bpf" / "README.md"]
+
+
+def test_repository_paths_named_in_docs_exist():
+    """A moved or renamed module leaves no stale path behind in the README or docs/."""
+    missing = []
+    for doc in _doc_files():
+        for path in re.findall(r"`((?:components|tools|policies|tests|bench|bpf|docs|gpuinfra_contract)/[\w./-]*\w)`", doc.read_text()):
+            if not (ROOT / path).exists() and not (ROOT / "bpf" / path).exists() and not _ignored(path):
+                missing.append(f"{doc.relative_to(ROOT)}: {path}")
+    assert not missing, missing
