@@ -39,7 +39,7 @@ def test_the_two_main_commands_are_make_targets():
 
 def _ignored(path: str) -> bool:
     """A path git ignores is made at run time (a venv, a build directory), not shipped."""
-    return subprocess.run(["git", "-C", str(ROOT), "check-ignore", "-q", path, path + "/"]).returncode == 0
+    return subprocess.run(["git", "-C", str(ROOT), "check-ignore", "-q", path + "/"]).returncode == 0
 
 
 def _doc_files():
