@@ -48,7 +48,10 @@ def agent(bpf_build, cuda_stubs, test_cgroup, pin_dir, tmp_path):
         deadline = time.monotonic() + 20
         while True:
             try:
-                if _get(_scrape(metrics_port), "ebpf_agent_up") == 1:
+                # /metrics comes up before the programs attach: wait for both working units.
+                m = _scrape(metrics_port)
+                if _get(m, "ebpf_program_loaded", program="cudalat") == 1 and \
+                        _get(m, "ebpf_program_loaded", program="sockredir") == 1:
                     break
             except OSError:
                 pass
