@@ -131,7 +131,7 @@ def main() -> int:
     pin_dir = f"/sys/fs/bpf/gpuinfra-bench-{uuid.uuid4().hex[:8]}"
     fast_port, plain_port = free_port(), free_port()
     redir = SockRedir(name="sockredir", bpf_dir=os.path.join(BPF, "build"), pin_dir=pin_dir,
-                      unpin_on_exit=True, ports=(fast_port,), cgroup_path=cgroup)
+                      unpin_on_exit=True, ports=(fast_port,), cgroup_path=cgroup, allow_clients=("cgroup:/",))
     servers = []
     try:
         assert redir.start(), redir.error

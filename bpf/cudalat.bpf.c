@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 /*
- * Host-side CUDA call latency: uprobe/uretprobe pairs on cudaLaunchKernel, cuLaunchKernel,
- * cudaMalloc, cudaMemcpyAsync and cudaStreamSynchronize. The time measured is how long the
- * calling thread spent inside the API call (the ENQUEUE time for launches and async copies), not
- * how long the GPU took to run the work.
+ * Host-side CUDA call latency: uprobe/uretprobe pairs on cudaLaunchKernel, cudaGraphLaunch,
+ * cuLaunchKernel, cudaMemcpyAsync (the ENQUEUE time of work for the GPU), cudaMalloc and
+ * cudaStreamSynchronize (calls that BLOCK the thread), and the _ptsz variants. The time measured
+ * is how long the calling thread spent inside the API call, not how long the GPU took.
  *
  * The agent attaches both programs once per (library, symbol) with the call kind as the attach
  * cookie, so one pair of programs serves every call kind.
@@ -21,7 +21,16 @@ struct {
 	__type(value, __u64);
 } cuda_call_start SEC(".maps");
 
-/* Named after the exported metric ebpf_cuda_call_enqueue_seconds. */
+/* Histogram updates refused because the map was full (exported as a counter). */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} cudalat_dropped SEC(".maps");
+
+/* Exported as ebpf_cuda_call_enqueue_seconds (launches, async copies) and
+ * ebpf_cuda_call_blocking_seconds (malloc, synchronize): the agent splits by call kind. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 4096);
@@ -67,8 +76,14 @@ int cudalat_exit(struct pt_regs *ctx)
 	if (!hist) {
 		bpf_map_update_elem(&cuda_call_enqueue_seconds, &hkey, &zero, BPF_NOEXIST);
 		hist = bpf_map_lookup_elem(&cuda_call_enqueue_seconds, &hkey);
-		if (!hist)
+		if (!hist) {
+			__u32 zero_key = 0;
+			__u64 *d = bpf_map_lookup_elem(&cudalat_dropped, &zero_key);
+
+			if (d)
+				*d += 1;
 			return 0;
+		}
 	}
 	slot = delta ? log2_u64(delta) : 0;
 	if (slot >= CUDALAT_SLOTS)

@@ -14,7 +14,14 @@ enum cuda_call_kind {
 	CUDA_MALLOC = 2,            /* libcudart cudaMalloc */
 	CUDA_MEMCPY_ASYNC = 3,      /* libcudart cudaMemcpyAsync */
 	CUDA_STREAM_SYNCHRONIZE = 4, /* libcudart cudaStreamSynchronize */
-	CUDA_NR_KINDS = 5,
+	CUDA_GRAPH_LAUNCH = 5,      /* libcudart cudaGraphLaunch (vLLM decodes through CUDA graphs) */
+	/* Per-thread default stream builds (--default-stream per-thread) call the _ptsz symbols. */
+	CUDA_LAUNCH_KERNEL_PTSZ = 6,
+	CUDA_MEMCPY_ASYNC_PTSZ = 7,
+	CUDA_STREAM_SYNCHRONIZE_PTSZ = 8,
+	CUDA_GRAPH_LAUNCH_PTSZ = 9,
+	CU_LAUNCH_KERNEL_PTSZ = 10,
+	CUDA_NR_KINDS = 11,
 };
 
 struct cuda_start_key {

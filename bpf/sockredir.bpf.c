@@ -1,19 +1,31 @@
 // SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 /*
- * Same-node socket redirection (Merbridge pattern).
+ * Same-node socket redirection (Merbridge pattern), restricted to the pairs the platform intends.
  *
- * sock_ops inserts established TCP sockets whose local or remote port is one of the configured
- * ports into a SOCKHASH, keyed by the socket's own 4-tuple in network byte order. sk_msg looks up
- * the PEER's key (the same tuple swapped) and redirects the payload straight into the peer's
- * receive queue. sk_msg always returns SK_PASS: on a miss the message takes the normal TCP path.
+ * sock_ops inserts an established TCP socket into a SOCKHASH keyed by its own tuple (network byte
+ * order) plus its network namespace cookie, but only:
+ *  - a client socket (remote port selected) whose cgroup, or one of its ancestors, is in the
+ *    allow-list map the agent fills from config (sockredir_allow);
+ *  - a server socket (local port selected) whose client is already in the sockhash, so that a
+ *    server socket is never inserted when its peer cannot be redirected to (remote clients,
+ *    clients that are not allowed).
+ * sk_msg looks up the PEER's key (the same tuple swapped, same netns) and redirects the payload
+ * straight into the peer's receive queue, unless the peer's queue already holds its sk_rcvbuf
+ * worth of redirected bytes: then this socket goes back to the TCP path for good (TCP's own
+ * window then throttles the sender). sk_msg always returns SK_PASS: on a miss the message takes
+ * the normal TCP path.
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
+#include <bpf/bpf_core_read.h>
 #include "sockredir.h"
 
 #define AF_INET 2
 #define AF_INET6 10
+#define E2BIG 7
+#define ENOMEM 12
+#define ENOSPC 28
 
 /* Set by the agent before load. */
 const volatile struct sockredir_cfg sockredir_cfg = {};
@@ -22,8 +34,37 @@ struct {
 	__uint(type, BPF_MAP_TYPE_SOCKHASH);
 	__uint(max_entries, 65536);
 	__type(key, struct sock_key);
-	__type(value, __u32);
+	__type(value, __u64);
 } sockredir_sockhash SEC(".maps");
+
+/* cgroup ids whose sockets may be accelerated as clients; written by the agent. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u64);
+	__type(value, __u8);
+} sockredir_allow SEC(".maps");
+
+/*
+ * Every socket in the sockhash -> its struct sock address. A plain hash: sock_ops can test a
+ * peer's presence and sk_msg can find the peer's queue without taking a socket reference (which
+ * sk_msg programs may not release). Entries leave at TCP_CLOSE; the address is only ever read
+ * with bpf_probe_read_kernel, so a stale entry can at worst send one socket back to TCP.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct sock_key);
+	__type(value, __u64);
+} sockredir_socks SEC(".maps");
+
+/* Sockets sent back to TCP by flow control; they never redirect again (byte order). */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct sock_key);
+	__type(value, __u8);
+} sockredir_bypass SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -32,12 +73,22 @@ struct {
 	__type(value, __u64);
 } sockredir_counters SEC(".maps");
 
-static __always_inline void count(__u32 which)
+static __always_inline void count_n(__u32 which, __u64 n)
 {
 	__u64 *v = bpf_map_lookup_elem(&sockredir_counters, &which);
 
 	if (v)
-		*v += 1;
+		*v += n;
+}
+
+static __always_inline void count(__u32 which)
+{
+	count_n(which, 1);
+}
+
+static __always_inline bool map_full(long err)
+{
+	return err == -E2BIG || err == -ENOMEM || err == -ENOSPC;
 }
 
 static __always_inline bool port_selected(__u16 port)
@@ -91,13 +142,15 @@ static __always_inline int ip4_of(__u32 family, __u32 ip4, __u32 w0, __u32 w1, _
 
 /* Fills this socket's own key (swap=false) or its peer's key (swap=true). */
 static __always_inline int make_key(__u32 fam, __u32 l4, __u32 r4, __u32 *l6, __u32 *r6,
-				    __u16 lport, __u16 rport, bool swap, struct sock_key *key)
+				    __u16 lport, __u16 rport, bool swap, __u64 netns,
+				    struct sock_key *key)
 {
 	__u32 lip, rip;
 
 	if (ip4_of(fam, l4, l6[0], l6[1], l6[2], l6[3], &lip) ||
 	    ip4_of(fam, r4, r6[0], r6[1], r6[2], r6[3], &rip))
 		return -1;
+	key->netns_cookie = netns;
 	key->local_ip4 = swap ? rip : lip;
 	key->remote_ip4 = swap ? lip : rip;
 	key->local_port = bpf_htons(swap ? rport : lport);
@@ -105,44 +158,103 @@ static __always_inline int make_key(__u32 fam, __u32 l4, __u32 r4, __u32 *l6, __
 	return 0;
 }
 
-static __always_inline int key_of_sockops(struct bpf_sock_ops *skops, struct sock_key *key)
+static __always_inline int key_of_sockops(struct bpf_sock_ops *skops, bool swap, struct sock_key *key)
 {
 	__u32 fam, l4, r4, l6[4], r6[4];
 	__u16 lport, rport;
 
 	READ_TUPLE(skops, fam, l4, r4, l6, r6, lport, rport);
-	return make_key(fam, l4, r4, l6, r6, lport, rport, false, key);
+	return make_key(fam, l4, r4, l6, r6, lport, rport, swap, bpf_get_netns_cookie(skops), key);
+}
+
+/* The socket's cgroup (the creating task's) or one of its ancestors is on the allow-list. */
+static __always_inline bool cgroup_allowed(struct bpf_sock_ops *skops)
+{
+	struct bpf_sock *bsk = skops->sk;
+	struct tcp_sock *tp;
+	struct cgroup *cg;
+
+	if (!bsk)
+		return false;
+	tp = bpf_skc_to_tcp_sock(bsk);
+	if (!tp)
+		return false;
+	cg = BPF_CORE_READ((struct sock *)tp, sk_cgrp_data.cgroup);
+	for (int i = 0; i < SOCKREDIR_ALLOW_DEPTH && cg; i++) {
+		__u64 id = BPF_CORE_READ(cg, kn, id);
+
+		if (bpf_map_lookup_elem(&sockredir_allow, &id))
+			return true;
+		cg = BPF_CORE_READ(cg, self.parent, cgroup);
+	}
+	return false;
+}
+
+static __always_inline void insert(struct bpf_sock_ops *skops, struct sock_key *key)
+{
+	struct bpf_sock *bsk = skops->sk;
+	__u64 addr = 0;
+	long err;
+
+	if (bsk)
+		addr = (__u64)bpf_skc_to_tcp_sock(bsk);
+	if (!addr)
+		return;
+	err = bpf_map_update_elem(&sockredir_socks, key, &addr, BPF_NOEXIST);
+	if (err) {
+		count(map_full(err) ? SOCKREDIR_DROPPED : SOCKREDIR_ERROR);
+		return;
+	}
+	err = bpf_sock_hash_update(skops, &sockredir_sockhash, key, BPF_NOEXIST);
+	if (err) {
+		bpf_map_delete_elem(&sockredir_socks, key);
+		count(map_full(err) ? SOCKREDIR_DROPPED : SOCKREDIR_ERROR);
+		return;
+	}
+	count(SOCKREDIR_INSERTED);
+	bpf_sock_ops_cb_flags_set(skops, skops->bpf_sock_ops_cb_flags | BPF_SOCK_OPS_STATE_CB_FLAG);
 }
 
 SEC("sockops")
 int sockredir_sockops(struct bpf_sock_ops *skops)
 {
-	struct sock_key key = {};
+	struct sock_key key = {}, peer = {};
 
 	switch (skops->op) {
 	case BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB:
-	case BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB:
-		if (key_of_sockops(skops, &key))
+		/* The client side: its remote port is a selected (server) port. */
+		if (key_of_sockops(skops, false, &key))
 			return 1; /* not IPv4: leave it on the normal path, not an error */
-		if (!port_selected(bpf_ntohs(key.local_port)) &&
-		    !port_selected(bpf_ntohs(key.remote_port)))
+		if (!port_selected(bpf_ntohs(key.remote_port)))
 			return 1;
-		if (bpf_sock_hash_update(skops, &sockredir_sockhash, &key, BPF_NOEXIST)) {
-			count(SOCKREDIR_ERROR);
+		if (!cgroup_allowed(skops)) {
+			count(SOCKREDIR_NOT_ALLOWED);
 			return 1;
 		}
-		count(SOCKREDIR_INSERTED);
-		bpf_sock_ops_cb_flags_set(skops, skops->bpf_sock_ops_cb_flags |
-						 BPF_SOCK_OPS_STATE_CB_FLAG);
+		insert(skops, &key);
+		break;
+	case BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB:
+		/* The server side: only when its client is in the sockhash (same node, allowed). */
+		if (key_of_sockops(skops, false, &key) || key_of_sockops(skops, true, &peer))
+			return 1;
+		if (!port_selected(bpf_ntohs(key.local_port)))
+			return 1;
+		if (!bpf_map_lookup_elem(&sockredir_socks, &peer)) {
+			count(SOCKREDIR_UNPAIRED);
+			return 1;
+		}
+		insert(skops, &key);
 		break;
 	case BPF_SOCK_OPS_STATE_CB:
 		/* args[1] is the new state. SOCKHASH also unlinks closing sockets itself; the
 		 * explicit delete keeps the map honest if that ever changes. */
 		if (skops->args[1] != TCP_CLOSE)
 			break;
-		if (key_of_sockops(skops, &key))
+		if (key_of_sockops(skops, false, &key))
 			break;
 		bpf_map_delete_elem(&sockredir_sockhash, &key);
+		bpf_map_delete_elem(&sockredir_socks, &key);
+		bpf_map_delete_elem(&sockredir_bypass, &key);
 		count(SOCKREDIR_REMOVED);
 		break;
 	default:
@@ -151,25 +263,63 @@ int sockredir_sockops(struct bpf_sock_ops *skops)
 	return 1;
 }
 
+/*
+ * Bytes already redirected into the peer's ingress queue and not yet read, against the peer's
+ * receive buffer. sk_psock.msg_tot_len counts them (kernel >= 6.12); without it there is no bound
+ * to check and the caller redirects as before.
+ */
+static __always_inline bool peer_queue_full(struct sock_key *peer)
+{
+	__u64 *addr = bpf_map_lookup_elem(&sockredir_socks, peer);
+	struct sk_psock *psock;
+	struct sock *sk;
+	__u32 queued;
+	int rcvbuf;
+
+	if (!addr || !bpf_core_field_exists(struct sk_psock, msg_tot_len))
+		return false;
+	sk = (struct sock *)*addr;
+	psock = (struct sk_psock *)((__u64)BPF_CORE_READ(sk, sk_user_data) & ~7ULL);
+	if (!psock)
+		return false;
+	queued = BPF_CORE_READ(psock, msg_tot_len);
+	rcvbuf = BPF_CORE_READ(sk, sk_rcvbuf);
+	return rcvbuf > 0 && queued >= (__u32)rcvbuf;
+}
+
 SEC("sk_msg")
 int sockredir_skmsg(struct sk_msg_md *msg)
 {
-	struct sock_key peer = {};
-
+	struct sock_key self = {}, peer = {};
 	__u32 fam, l4, r4, l6[4], r6[4];
 	__u16 lport, rport;
+	__u64 netns = bpf_get_netns_cookie(msg);
+	__u32 size = msg->size;
+	__u8 one = 1;
 
 	READ_TUPLE(msg, fam, l4, r4, l6, r6, lport, rport);
-	/* The peer's key is this socket's tuple swapped. */
-	if (make_key(fam, l4, r4, l6, r6, lport, rport, true, &peer)) {
+	/* The peer's key is this socket's tuple swapped, in the same network namespace. */
+	if (make_key(fam, l4, r4, l6, r6, lport, rport, false, netns, &self) ||
+	    make_key(fam, l4, r4, l6, r6, lport, rport, true, netns, &peer)) {
 		count(SOCKREDIR_ERROR);
 		return SK_PASS;
 	}
-
-	if (bpf_msg_redirect_hash(msg, &sockredir_sockhash, &peer, BPF_F_INGRESS) == SK_PASS)
-		count(SOCKREDIR_REDIRECTED);
-	else
+	if (bpf_map_lookup_elem(&sockredir_bypass, &self)) {
 		count(SOCKREDIR_FALLBACK);
+		return SK_PASS;
+	}
+	if (peer_queue_full(&peer)) {
+		bpf_map_update_elem(&sockredir_bypass, &self, &one, BPF_ANY);
+		count(SOCKREDIR_FLOW_CONTROL);
+		count(SOCKREDIR_FALLBACK);
+		return SK_PASS;
+	}
+	if (bpf_msg_redirect_hash(msg, &sockredir_sockhash, &peer, BPF_F_INGRESS) == SK_PASS) {
+		count(SOCKREDIR_REDIRECTED);
+		count_n(SOCKREDIR_REDIRECTED_BYTES, size);
+	} else {
+		count(SOCKREDIR_FALLBACK);
+	}
 	return SK_PASS;
 }
 

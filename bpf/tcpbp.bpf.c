@@ -27,16 +27,32 @@ struct {
 	__type(value, struct tcpbp_counts);
 } tcp_send_backpressure SEC(".maps");
 
+/* Samples lost because tcp_send_backpressure was full (exported as a counter). */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} tcpbp_dropped SEC(".maps");
+
 static __always_inline struct tcpbp_counts *counts_for_current(void)
 {
 	struct tcpbp_counts zero = {};
 	__u64 cgid = bpf_get_current_cgroup_id();
 	struct tcpbp_counts *c = bpf_map_lookup_elem(&tcp_send_backpressure, &cgid);
+	__u32 key = 0;
+	__u64 *d;
 
 	if (c)
 		return c;
 	bpf_map_update_elem(&tcp_send_backpressure, &cgid, &zero, BPF_NOEXIST);
-	return bpf_map_lookup_elem(&tcp_send_backpressure, &cgid);
+	c = bpf_map_lookup_elem(&tcp_send_backpressure, &cgid);
+	if (!c) {
+		d = bpf_map_lookup_elem(&tcpbp_dropped, &key);
+		if (d)
+			*d += 1;
+	}
+	return c;
 }
 
 static __always_inline void sample(__s32 queued, __s32 sndbuf)

@@ -176,21 +176,26 @@ def test_capabilities_are_exactly_what_the_programs_need(sockmap, cuda, tcp, sca
     programs = [p for p, on in zip(PROGRAMS, (sockmap, cuda, tcp)) if on]
     want = {"BPF", "SYS_RESOURCE"}
     if sockmap:
-        want.add("NET_ADMIN")
+        want |= {"NET_ADMIN", "PERFMON"}  # sockredir reads kernel memory (allow-list, flow control)
     if cuda or tcp:
         want.add("PERFMON")
+    if cuda:
+        want.add("SYS_ADMIN")  # uprobes: kernel commit ba677dbe; tests/kernel/test_agent_lifecycle.py
     if cuda and scan:
         want.add("SYS_PTRACE")
     got = capabilities(programs, scan)
     assert set(got) == want, f"programs {programs}, scan {scan}"
     assert len(got) == len(set(got))
-    assert set(got) <= set(CAPABILITY_ALLOW_LIST) == set(EBPF_AGENT_CAPABILITIES)
+    assert set(got) <= set(CAPABILITY_ALLOW_LIST)
+    # The policy pack's default list is the agent's minus SYS_ADMIN (only cudalat, off by default).
+    assert set(CAPABILITY_ALLOW_LIST) - {"SYS_ADMIN"} == set(EBPF_AGENT_CAPABILITIES)
 
 
-def test_default_config_needs_the_whole_allow_list():
-    spec = pod_spec(cfg(), [8000], [pool()])
+def test_default_config_has_no_sys_admin_because_cudalat_is_off():
+    assert EbpfAgentConfig().cuda_uprobes.enabled is False
+    spec = pod_spec(EbpfAgentConfig(), [8000], [pool()])
     sc = spec["containers"][0]["securityContext"]
-    assert sc["capabilities"] == {"drop": ["ALL"], "add": list(CAPABILITY_ALLOW_LIST)}
+    assert sc["capabilities"] == {"drop": ["ALL"], "add": ["BPF", "PERFMON", "NET_ADMIN", "SYS_RESOURCE"]}
     assert sc["privileged"] is False and sc["allowPrivilegeEscalation"] is False
     assert sc["readOnlyRootFilesystem"] is True and sc["runAsUser"] == 0
     assert "SYS_ADMIN" not in sc["capabilities"]["add"]
@@ -332,3 +337,17 @@ def test_pinned_images_are_accepted():
         assert EbpfAgentConfig(image=image).image == image
     assert EbpfAgentConfig(enabled=False, sockmap={"enabled": False}, cuda_uprobes={"enabled": False},
                            tcp_backpressure={"enabled": False}).enabled is False
+
+
+def test_sockredir_allow_list_is_the_given_namespaces_and_parses_with_the_agents_parser():
+    """The agent accelerates only clients in the namespaces given (the serving namespace); none given,
+    none accelerated (docs/ebpf-agent.md, security model)."""
+    import sys
+
+    sys.path.insert(0, "bpf")
+    from agent import config as agent_config
+
+    env = {e["name"]: e["value"] for e in agent_env(cfg(), [8000], ("llm-serving",))}
+    assert env["GPUINFRA_EBPF_ALLOW_CLIENTS"] == "namespace:llm-serving"
+    assert agent_config.parse([], environ=env).allow_clients == ("namespace:llm-serving",)
+    assert {e["name"]: e["value"] for e in agent_env(cfg(), [8000])}["GPUINFRA_EBPF_ALLOW_CLIENTS"] == ""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 import threading
@@ -10,19 +11,25 @@ import time
 
 from prometheus_client import REGISTRY, start_http_server
 
-from . import config
+from . import config, pins
 from .cgroups import CgroupGc, CgroupResolver, find_cgroup2_mount
+from .libbpf import route_log_to_logging
 from .metrics import AgentCollector
 from .programs import CudaLat, SockRedir, TcpBackpressure, Unit
 
+BTF = "/sys/kernel/btf/vmlinux"
+
 log = logging.getLogger("agent")
+ALLOW_REFRESH_SECONDS = 10.0
+"""How often sockredir's allow-list follows new and deleted pod cgroups."""
 
 
 def build_units(s: config.Settings, cgroup_path: str) -> list[Unit]:
     common = dict(bpf_dir=s.bpf_dir, pin_dir=s.pin_dir, unpin_on_exit=s.unpin_on_exit)
     units: list[Unit] = []
     if "sockredir" in s.programs:
-        units.append(SockRedir(name="sockredir", ports=s.ports, cgroup_path=cgroup_path, **common))
+        units.append(SockRedir(name="sockredir", ports=s.ports, cgroup_path=cgroup_path,
+                               allow_clients=s.allow_clients, **common))
     if "cudalat" in s.programs:
         units.append(CudaLat(name="cudalat", libraries=s.cuda_libs,
                              scan_proc=s.proc_dir if s.cuda_scan else None, **common))
@@ -32,9 +39,38 @@ def build_units(s: config.Settings, cgroup_path: str) -> list[Unit]:
     return units
 
 
+def preflight(s: config.Settings) -> str | None:
+    """What makes every program fail, said once and clearly (None when fine)."""
+    if not os.path.exists(BTF):
+        return f"kernel BTF {BTF} is missing: the CO-RE objects cannot be relocated (kernel needs CONFIG_DEBUG_INFO_BTF=y)"
+    try:
+        pins.check(s.pin_dir)
+    except pins.PinDirError as e:
+        return str(e)
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     s = config.parse(argv)
     logging.basicConfig(level=s.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    route_log_to_logging()
+    if s.uninstall:
+        try:
+            pins.uninstall(s.pin_dir)
+        except pins.PinDirError as e:
+            log.error("%s", e)
+            return 1
+        log.info("removed %s", s.pin_dir)
+        return 0
+    problem = preflight(s)
+    if problem:
+        log.error("%s", problem)
+        return 2
+    try:
+        lock = pins.NodeLock(s.pin_dir)
+    except pins.PinDirError as e:
+        log.error("%s", e)
+        return 3
     cgroup_path = s.cgroup_path
     if cgroup_path == "auto":
         with open("/proc/self/mountinfo") as f:
@@ -44,23 +80,35 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, lambda *_: stop.set())
 
     units = build_units(s, cgroup_path)
+    resolver = CgroupResolver(cgroup_path, s.containers_log_dir, s.pods_log_dir)
+    REGISTRY.register(AgentCollector(units, resolver))
+    # Serve before attaching anything: a busy port fails here, with nothing left attached.
+    try:
+        server, thread = start_http_server(s.metrics_port, addr=s.metrics_addr)
+    except OSError as e:
+        log.error("cannot serve /metrics on %s:%d: %s", s.metrics_addr, s.metrics_port, e)
+        lock.release()
+        return 4
+    log.info("serving /metrics on %s:%d; cgroup2 %s", s.metrics_addr, s.metrics_port, cgroup_path)
+    allow_resolver = CgroupResolver(cgroup_path, s.containers_log_dir, s.pods_log_dir)
     for u in units:
         if u.start():
             log.info("program %s loaded", u.name)
-    resolver = CgroupResolver(cgroup_path, s.containers_log_dir, s.pods_log_dir)
-    REGISTRY.register(AgentCollector(units, resolver))
+        if isinstance(u, SockRedir) and u.loaded:
+            u.refresh_allow(allow_resolver)
     gc = CgroupGc(CgroupResolver(cgroup_path, s.containers_log_dir, s.pods_log_dir), units)
-    server, thread = start_http_server(s.metrics_port, addr=s.metrics_addr)
-    log.info("serving /metrics on %s:%d; cgroup2 %s", s.metrics_addr, s.metrics_port, cgroup_path)
-    tick = min(s.cuda_rescan_seconds, s.cgroup_gc_seconds)
+    tick = min(s.cuda_rescan_seconds, s.cgroup_gc_seconds, ALLOW_REFRESH_SECONDS)
     last_rescan = last_gc = time.monotonic()
     try:
         while not stop.wait(tick):
             now = time.monotonic()
+            for u in units:
+                if isinstance(u, SockRedir) and u.loaded:
+                    u.refresh_allow(allow_resolver)  # pods come and go
             if now - last_rescan >= s.cuda_rescan_seconds:
                 last_rescan = now
                 for u in units:
-                    if isinstance(u, CudaLat) and u.loaded:
+                    if isinstance(u, CudaLat) and u.obj is not None:
                         u.rescan()
             if now - last_gc >= s.cgroup_gc_seconds:
                 last_gc = now
@@ -72,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         for u in units:
             u.stop()
         server.shutdown()
+        lock.release()
         log.info("detached all programs; exiting")
     return 0
 

@@ -32,6 +32,12 @@ class Workload:
     pod: str = ""
     container: str = ""
     cgroup: str = ""
+    uid: str = ""
+
+    @property
+    def identity(self) -> str:
+        """Stable across container restarts: the pod UID, else (not a pod) the cgroup path."""
+        return self.uid or self.cgroup
 
 
 def parse_cgroup_path(path: str) -> tuple[str | None, str | None]:
@@ -74,9 +80,9 @@ def resolve(path: str, containers: dict[str, tuple[str, str, str]],
     uid, cid = parse_cgroup_path(path)
     if cid and cid in containers:
         ns, pod, name = containers[cid]
-        return Workload(ns, pod, name, path)
+        return Workload(ns, pod, name, path, uid or "")
     ns, pod = pods.get(uid, ("", "")) if uid else ("", "")
-    return Workload(ns, pod, cid[:12] if cid else "", path)
+    return Workload(ns, pod, cid[:12] if cid else "", path, uid or "")
 
 
 def find_cgroup2_mount(mountinfo: str) -> str | None:
@@ -124,6 +130,12 @@ class CgroupResolver:
         """Re-walk the hierarchy now and return the ids that are not in it."""
         self.refresh()
         return {i for i in cgroup_ids if i not in self._paths}
+
+    def ids_in_namespaces(self, namespaces: set[str]) -> set[int]:
+        """Re-walk now; the ids of every cgroup whose workload is in one of the namespaces."""
+        self.refresh()
+        return {i for i, path in self._paths.items()
+                if resolve(path, self._containers, self._pods).namespace in namespaces}
 
     def lookup(self, cgroup_id: int) -> Workload:
         if cgroup_id not in self._paths and time.monotonic() - self._last >= self.min_refresh:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import struct
 
 # libcudart.so, libcudart.so.12, libcudart.so.12.4.127; libcuda.so.1, ...
 _LIB_RE = re.compile(r"/(libcudart|libcuda)\.so(?:\.[0-9.]+)?$")
@@ -35,9 +36,40 @@ def classify(path: str) -> str | None:
     return m.group(1) if m else None
 
 
-def scan(proc: str = "/proc") -> dict[tuple[int, int], tuple[str, str]]:
-    """{(st_dev, st_ino): (kind, host-openable path)} over every process in proc."""
-    libs: dict[tuple[int, int], tuple[str, str]] = {}
+def build_id(data: bytes) -> bytes:
+    """The NT_GNU_BUILD_ID note of a 64-bit little-endian ELF image (b"" if none)."""
+    if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
+        return b""
+    phoff, = struct.unpack_from("<Q", data, 0x20)
+    phentsize, phnum = struct.unpack_from("<HH", data, 0x36)
+    for i in range(phnum):
+        p_type, _flags, p_offset, _va, _pa, p_filesz = struct.unpack_from("<IIQQQQ", data, phoff + i * phentsize)
+        if p_type != 4:  # PT_NOTE
+            continue
+        off, end = p_offset, p_offset + p_filesz
+        while off + 12 <= end:
+            namesz, descsz, ntype = struct.unpack_from("<III", data, off)
+            name_end = off + 12 + ((namesz + 3) & ~3)
+            desc = data[name_end:name_end + descsz]
+            if ntype == 3 and data[off + 12:off + 12 + namesz] == b"GNU\x00":  # NT_GNU_BUILD_ID
+                return desc
+            off = name_end + ((descsz + 3) & ~3)
+    return b""
+
+
+def identity(path: str) -> tuple[int, bytes]:
+    """(inode number, build-id): the same file seen through two overlay mounts has a different
+    st_dev but the same inode number and build-id, and a uprobe attaches to the file underneath,
+    so it is probed once; a different file with the same build-id is a different inode."""
+    with open(path, "rb") as f:
+        head = f.read(1 << 16)
+        st = os.fstat(f.fileno())
+    return st.st_ino, build_id(head)
+
+
+def scan(proc: str = "/proc") -> dict[tuple[int, bytes], tuple[str, str]]:
+    """{(inode, build-id): (kind, host-openable path)} over every live process in proc."""
+    libs: dict[tuple[int, bytes], tuple[str, str]] = {}
     for pid in os.listdir(proc):
         if not pid.isdigit():
             continue
@@ -49,8 +81,8 @@ def scan(proc: str = "/proc") -> dict[tuple[int, int], tuple[str, str]]:
         for kind, path in found:
             host_path = f"{proc}/{pid}/root{path}"
             try:
-                st = os.stat(host_path)
+                ident = identity(host_path)
             except OSError:
                 continue
-            libs.setdefault((st.st_dev, st.st_ino), (kind, host_path))
+            libs.setdefault(ident, (kind, host_path))
     return libs

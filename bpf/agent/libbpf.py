@@ -7,6 +7,7 @@ every wrapper raises BpfError with the OS error text.
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 
 _lib = ctypes.CDLL(os.environ.get("LIBBPF_SO", "libbpf.so.1"), use_errno=True)
@@ -35,11 +36,17 @@ _sig("bpf_link__destroy", ctypes.c_int, _vp)
 _sig("bpf_map__fd", ctypes.c_int, _vp)
 _sig("bpf_map__initial_value", _vp, _vp, ctypes.POINTER(ctypes.c_size_t))
 _sig("bpf_map__set_pin_path", ctypes.c_int, _vp, _cp)
+_sig("bpf_map__type", ctypes.c_int, _vp)
+_sig("bpf_map__key_size", ctypes.c_uint32, _vp)
+_sig("bpf_map__value_size", ctypes.c_uint32, _vp)
+_sig("bpf_map__max_entries", ctypes.c_uint32, _vp)
+_sig("libbpf_set_print", _vp, _vp)
 _sig("bpf_map__unpin", ctypes.c_int, _vp, _cp)
 _sig("bpf_prog_attach", ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_uint)
 _sig("bpf_prog_detach2", ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int)
 _sig("bpf_map_lookup_elem", ctypes.c_int, ctypes.c_int, _vp, _vp)
 _sig("bpf_map_delete_elem", ctypes.c_int, ctypes.c_int, _vp)
+_sig("bpf_map_update_elem", ctypes.c_int, ctypes.c_int, _vp, _vp, ctypes.c_uint64)
 _sig("bpf_map_get_next_key", ctypes.c_int, ctypes.c_int, _vp, _vp)
 _sig("libbpf_num_possible_cpus", ctypes.c_int)
 
@@ -65,6 +72,26 @@ class _UprobeOpts(ctypes.Structure):
         ("retprobe", ctypes.c_bool),
         ("func_name", ctypes.c_char_p),
     ]
+
+
+# libbpf's messages (verifier logs, attach errors) go to Python logging, not to raw stderr.
+_PRINT_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
+_libc = ctypes.CDLL(None)
+_libc.vsnprintf.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p, ctypes.c_void_p]
+_LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG}  # enum libbpf_print_level
+_liblog = logging.getLogger("libbpf")
+
+
+@_PRINT_FN
+def _print(level: int, fmt: bytes, args: int) -> int:
+    buf = ctypes.create_string_buffer(4096)
+    n = _libc.vsnprintf(buf, len(buf), fmt, args)
+    _liblog.log(_LEVELS.get(level, logging.DEBUG), "%s", buf.value.decode(errors="replace").rstrip())
+    return n
+
+
+def route_log_to_logging() -> None:
+    _lib.libbpf_set_print(ctypes.cast(_print, _vp))
 
 
 def num_possible_cpus() -> int:
@@ -96,6 +123,11 @@ class Map:
     @property
     def fd(self) -> int:
         return _lib.bpf_map__fd(self._ptr)
+
+    def layout(self) -> tuple[str, int, int, int, int]:
+        """(name, type, key size, value size, max entries) as the object defines them."""
+        return (self.name, _lib.bpf_map__type(self._ptr), _lib.bpf_map__key_size(self._ptr),
+                _lib.bpf_map__value_size(self._ptr), _lib.bpf_map__max_entries(self._ptr))
 
     def set_pin_path(self, path: str) -> None:
         err = _lib.bpf_map__set_pin_path(self._ptr, path.encode())
@@ -135,6 +167,13 @@ class Map:
         if _lib.bpf_map_lookup_elem(self.fd, kbuf, vbuf):
             return None
         return vbuf.raw
+
+    def update(self, key: bytes, value: bytes) -> None:
+        kbuf = ctypes.create_string_buffer(key, len(key))
+        vbuf = ctypes.create_string_buffer(value, len(value))
+        err = _lib.bpf_map_update_elem(self.fd, kbuf, vbuf, 0)
+        if err:
+            _raise(f"update {self.name}", err)
 
     def delete(self, key: bytes) -> bool:
         kbuf = ctypes.create_string_buffer(key, len(key))

@@ -9,11 +9,14 @@ from typing import Iterable, Sequence
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from .cgroups import CgroupResolver
-from .programs import CudaLat, SockRedir, TcpBackpressure, Unit
+from .programs import BLOCKING_CALLS, CudaLat, SockRedir, TcpBackpressure, Unit
 
 log = logging.getLogger(__name__)
 
-WORKLOAD_LABELS = ["namespace", "pod", "container", "cgroup"]
+WORKLOAD_LABELS = ["namespace", "pod", "container", "workload"]
+"""`workload` is the pod UID (the cgroup path outside pods), and `container` the container NAME
+(empty when the kubelet log dirs are not mounted): a container restart gets a new cgroup and id,
+but the same labels, so no new series. Cgroups that share labels are summed."""
 
 # Bucket range exported: slot 9 (< 1.024 us) up to slot 34 (< 34.4 s); the rest fold into the
 # first bucket or +Inf.
@@ -52,9 +55,10 @@ class AgentCollector:
     def __init__(self, units: Sequence[Unit], resolver: CgroupResolver):
         self.units, self.resolver = units, resolver
 
-    def _labels(self, cgroup_id: int) -> list[str]:
+    def _labels(self, cgroup_id: int) -> tuple[str, ...]:
         w = self.resolver.lookup(cgroup_id)
-        return [w.namespace, w.pod, w.container, w.cgroup]
+        named = w.container if w.uid and len(w.container) != 12 else ""  # a name, not a short id
+        return (w.namespace, w.pod, named if w.uid else "", w.identity)
 
     def collect(self) -> Iterable:
         up = GaugeMetricFamily("ebpf_agent_up", "1 while the eBPF agent is running and serving metrics.")
@@ -63,38 +67,64 @@ class AgentCollector:
         loaded = GaugeMetricFamily("ebpf_program_loaded",
                                    "1 if the eBPF program is loaded and attached, 0 if it failed (see agent log).",
                                    labels=["program"])
+        reason = GaugeMetricFamily("ebpf_program_not_loaded_info",
+                                   "1 with the reason for each program that is not loaded (or attached nothing).",
+                                   labels=["program", "reason"])
         for u in self.units:
             loaded.add_metric([u.name], 1 if u.loaded else 0)
-        yield loaded
-        for u in self.units:
             if not u.loaded:
+                reason.add_metric([u.name, u.error or "not started"], 1)
+        yield loaded
+        yield reason
+        dropped = CounterMetricFamily("ebpf_map_dropped_events",
+                                      "Events lost because a map was full (sockhash, histograms, counters).",
+                                      labels=["program"])
+        for u in self.units:
+            if u.obj is None:
                 continue
             try:
                 yield from self._collect_unit(u)
+                dropped.add_metric([u.name], u.dropped())
             except OSError as e:  # a map read failing must not break the whole scrape
                 log.warning("reading %s maps: %s", u.name, e)
+        yield dropped
 
     def _collect_unit(self, u: Unit) -> Iterable:
         if isinstance(u, SockRedir):
             c = u.counters()
             helps = {
                 "redirected": "Messages sk_msg redirected straight to a same-node peer socket.",
-                "fallback": "Messages on accelerated sockets whose peer was not local; sent via the normal TCP stack.",
+                "redirected_bytes": "Payload bytes of the redirected messages.",
+                "fallback": "Messages on accelerated sockets sent via the normal TCP stack (peer not local, or flow control).",
                 "errors": "Sockets that could not be inserted or had an unsupported address family.",
                 "inserted": "Established TCP sockets on the configured ports added to the sockhash.",
                 "removed": "Accelerated sockets removed from the sockhash on TCP_CLOSE.",
+                "not_allowed": "Client sockets on a configured port whose cgroup is not on the allow-list (left on TCP).",
+                "unpaired": "Server sockets whose client is not in the sockhash (remote or not allowed; left on TCP).",
+                "flow_control": "Sockets moved back to TCP because the peer's redirected queue reached its sk_rcvbuf.",
             }
             for name, help_ in helps.items():
                 yield CounterMetricFamily(f"ebpf_sockmap_{name}", help_, value=c[name])
         elif isinstance(u, CudaLat):
-            h = HistogramMetricFamily(
-                "ebpf_cuda_call_enqueue_seconds",
-                "Host-side duration of CUDA API calls (uprobe entry to return). For launches and async "
-                "copies this is the ENQUEUE time, not GPU execution time.",
-                labels=WORKLOAD_LABELS + ["call"])
+            families = {
+                False: HistogramMetricFamily(
+                    "ebpf_cuda_call_enqueue_seconds",
+                    "Host-side duration of CUDA calls that enqueue GPU work (kernel and graph launches, async "
+                    "copies): the ENQUEUE time, not GPU execution time.", labels=WORKLOAD_LABELS + ["call"]),
+                True: HistogramMetricFamily(
+                    "ebpf_cuda_call_blocking_seconds",
+                    "Host-side duration of CUDA calls that block the calling thread (cudaMalloc, "
+                    "cudaStreamSynchronize).", labels=WORKLOAD_LABELS + ["call"]),
+            }
+            merged: dict[tuple, tuple[list[int], int]] = {}
             for cgid, call, slots, sum_ns in u.histograms():
-                h.add_metric(self._labels(cgid) + [call], log2_to_cumulative(slots), sum_ns / 1e9)
-            yield h
+                key = self._labels(cgid) + (call,)
+                prev = merged.get(key, ([0] * len(slots), 0))
+                merged[key] = ([a + b for a, b in zip(prev[0], slots)], prev[1] + sum_ns)
+            for key, (slots, sum_ns) in sorted(merged.items()):
+                families[key[-1] in BLOCKING_CALLS].add_metric(list(key), log2_to_cumulative(slots), sum_ns / 1e9)
+            yield families[False]
+            yield families[True]
             yield GaugeMetricFamily("ebpf_cuda_probes_attached",
                                     "CUDA uprobes (entry and return) currently attached.", value=u.probes)
         elif isinstance(u, TcpBackpressure):
@@ -109,11 +139,16 @@ class AgentCollector:
                 "ebpf_tcp_send_blocked",
                 "Sends that waited for send-buffer space (sk_stream_wait_memory; fentry mode only).",
                 labels=WORKLOAD_LABELS)
+            merged: dict[tuple, list[int]] = {}
             for cgid, s, e, b in u.counts():
-                labels = self._labels(cgid)
-                samples.add_metric(labels, s)
-                events.add_metric(labels, e)
-                blocked.add_metric(labels, b)
+                acc = merged.setdefault(self._labels(cgid), [0, 0, 0])
+                acc[0] += s
+                acc[1] += e
+                acc[2] += b
+            for labels, (s, e, b) in sorted(merged.items()):
+                samples.add_metric(list(labels), s)
+                events.add_metric(list(labels), e)
+                blocked.add_metric(list(labels), b)
             yield samples
             yield events
             yield blocked

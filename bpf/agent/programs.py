@@ -3,20 +3,22 @@
 on its own, so one failing leaves the others running. Struct layouts mirror bpf/*.h."""
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import struct
 from dataclasses import dataclass, field
 
-from . import cudalibs
+from . import cudalibs, pins
 from .libbpf import BPF_SK_MSG_VERDICT, BpfError, Link, Object, num_possible_cpus
 
 log = logging.getLogger(__name__)
 
 # sockredir.h
 SOCKREDIR_MAX_PORTS = 16
-SOCKREDIR_COUNTERS = ("redirected", "fallback", "errors", "inserted", "removed")
-SOCK_KEY = struct.Struct("=IIHH")  # struct sock_key, all network byte order
+SOCKREDIR_COUNTERS = ("redirected", "fallback", "errors", "inserted", "removed", "redirected_bytes",
+                      "not_allowed", "unpaired", "flow_control", "dropped")
+SOCK_KEY = struct.Struct("=QIIHHI")  # struct sock_key: netns cookie, then network byte order
 
 # cudalat.h: call kind (attach cookie) -> (library kind, symbol)
 CUDALAT_SLOTS = 40
@@ -26,7 +28,21 @@ CUDA_CALLS = (
     (cudalibs.RUNTIME, "cudaMalloc"),
     (cudalibs.RUNTIME, "cudaMemcpyAsync"),
     (cudalibs.RUNTIME, "cudaStreamSynchronize"),
+    (cudalibs.RUNTIME, "cudaGraphLaunch"),
+    (cudalibs.RUNTIME, "cudaLaunchKernel_ptsz"),
+    (cudalibs.RUNTIME, "cudaMemcpyAsync_ptsz"),
+    (cudalibs.RUNTIME, "cudaStreamSynchronize_ptsz"),
+    (cudalibs.RUNTIME, "cudaGraphLaunch_ptsz"),
+    (cudalibs.DRIVER, "cuLaunchKernel_ptsz"),
 )
+BLOCKING_CALLS = frozenset({"cudaMalloc", "cudaStreamSynchronize"})
+"""Calls that wait (allocate, synchronize): exported as ebpf_cuda_call_blocking_seconds; the rest
+enqueue work and are exported as ebpf_cuda_call_enqueue_seconds."""
+
+
+def call_name(kind: int) -> str:
+    """The `call` label: the API name; a _ptsz (per-thread default stream) symbol counts as its API."""
+    return CUDA_CALLS[kind][1].removesuffix("_ptsz") if kind < len(CUDA_CALLS) else f"kind{kind}"
 CUDA_HIST_KEY = struct.Struct("=QII")
 CUDA_HIST = struct.Struct(f"={CUDALAT_SLOTS}QQ")
 
@@ -58,12 +74,18 @@ class Unit:
             self.stop()
         return self.loaded
 
+    pin_path: str = ""
+
     def _open(self, filename: str) -> Object:
         obj = Object(os.path.join(self.bpf_dir, filename))
-        pin = os.path.join(self.pin_dir, self.name)
-        os.makedirs(pin, exist_ok=True)
+        self.obj = obj
+        tag = pins.layout_tag([obj.map(m).layout() for m in self.pinned])
+        self.pin_path = pins.unit_dir(self.pin_dir, self.name, tag)
+        os.makedirs(self.pin_dir, exist_ok=True)
+        pins.remove_stale(self.pin_dir, self.name, keep=self.pin_path)
+        os.makedirs(self.pin_path, exist_ok=True)
         for m in self.pinned:
-            obj.map(m).set_pin_path(os.path.join(pin, m))
+            obj.map(m).set_pin_path(os.path.join(self.pin_path, m))
         return obj
 
     def stop(self) -> None:
@@ -80,7 +102,7 @@ class Unit:
             self.obj.close()
             self.obj = None
             if self.unpin_on_exit:
-                for d in (os.path.join(self.pin_dir, self.name), self.pin_dir):
+                for d in (self.pin_path, self.pin_dir):
                     try:
                         os.rmdir(d)  # only if empty: other units may still pin there
                     except OSError:
@@ -91,15 +113,35 @@ class Unit:
         raise NotImplementedError
 
 
+def parse_allow(entries: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(cgroup paths, namespaces) from `cgroup:<path under the cgroup root>` / `namespace:<ns>`."""
+    paths, namespaces = [], []
+    for e in entries:
+        kind, _, value = e.partition(":")
+        if kind == "cgroup" and value:
+            paths.append(value)
+        elif kind == "namespace" and value:
+            namespaces.append(value)
+        else:
+            raise ValueError(f"allow-clients entry {e!r}; allowed: cgroup:<path> or namespace:<name>")
+    return tuple(paths), tuple(namespaces)
+
+
 @dataclass
 class SockRedir(Unit):
     ports: tuple[int, ...] = ()
     cgroup_path: str = "/sys/fs/cgroup"
+    allow_clients: tuple[str, ...] = ()
+    """Whose client sockets may be accelerated: `cgroup:<path under cgroup_path>` (its whole
+    subtree) or `namespace:<k8s namespace>` (every pod cgroup the resolver names so)."""
     pinned: tuple[str, ...] = ("sockredir_sockhash", "sockredir_counters")
 
     def _start(self) -> None:
         if not 0 < len(self.ports) <= SOCKREDIR_MAX_PORTS:
             raise ValueError(f"ports: need 1..{SOCKREDIR_MAX_PORTS} ports, got {len(self.ports)}")
+        if len(set(self.ports)) != len(self.ports):
+            raise ValueError(f"ports: duplicates in {list(self.ports)}")
+        parse_allow(self.allow_clients)
         self.obj = self._open("sockredir.bpf.o")
         padded = list(self.ports) + [0] * (SOCKREDIR_MAX_PORTS - len(self.ports))
         self.obj.map(".rodata").write_initial(
@@ -108,7 +150,34 @@ class SockRedir(Unit):
         # sk_msg first, so every socket sock_ops inserts is already covered.
         sockhash = self.obj.map("sockredir_sockhash")
         self.links.append(self.obj.program("sockredir_skmsg").attach_to_map(sockhash, BPF_SK_MSG_VERDICT))
+        self.refresh_allow()
         self.links.append(self.obj.program("sockredir_sockops").attach_cgroup(self.cgroup_path))
+
+    def allowed_ids(self, resolver=None) -> set[int]:
+        """The cgroup ids the allow-list names now (namespaces need a CgroupResolver)."""
+        paths, namespaces = parse_allow(self.allow_clients)
+        ids = set()
+        for p in paths:
+            try:
+                ids.add(os.stat(os.path.join(self.cgroup_path, p.lstrip("/"))).st_ino)
+            except OSError as e:
+                log.info("allow-clients cgroup %s: %s", p, e)
+        if namespaces and resolver is not None:
+            ids |= resolver.ids_in_namespaces(set(namespaces))
+        return ids
+
+    def refresh_allow(self, resolver=None) -> int:
+        """Syncs the kernel allow-list with the cgroups the config names; returns its size."""
+        if not self.obj:
+            return 0
+        m = self.obj.map("sockredir_allow")
+        want = {struct.pack("=Q", i) for i in self.allowed_ids(resolver)}
+        have = set(m.keys(8))
+        for k in have - want:
+            m.delete(k)
+        for k in want - have:
+            m.update(k, b"\x01")
+        return len(want)
 
     def counters(self) -> dict[str, int]:
         m = self.obj.map("sockredir_counters")
@@ -119,13 +188,16 @@ class SockRedir(Unit):
             out[name] = sum(struct.unpack(f"={ncpu}Q", raw)) if raw else 0
         return out
 
+    def dropped(self) -> int:
+        return self.counters()["dropped"]
+
     def sockets(self) -> list[tuple[str, int, str, int]]:
         """(local ip, local port, remote ip, remote port) of every socket in the sockhash."""
         import socket
 
         out = []
         for k in self.obj.map("sockredir_sockhash").keys(SOCK_KEY.size):
-            lip, rip, lport, rport = SOCK_KEY.unpack(k)
+            _netns, lip, rip, lport, rport, _ = SOCK_KEY.unpack(k)
             out.append((socket.inet_ntoa(struct.pack("=I", lip)), socket.ntohs(lport),
                         socket.inet_ntoa(struct.pack("=I", rip)), socket.ntohs(rport)))
         return out
@@ -133,50 +205,88 @@ class SockRedir(Unit):
 
 @dataclass
 class CudaLat(Unit):
+    """Loaded (ebpf_program_loaded 1) only while at least one uprobe is attached: a verified
+    program with every attach refused (EACCES without CAP_SYS_ADMIN) measures nothing."""
+
     libraries: tuple[str, ...] = ()
     scan_proc: str | None = "/proc"
-    pinned: tuple[str, ...] = ("cuda_call_enqueue_seconds",)
-    attached_inodes: set = field(default_factory=set)
+    pinned: tuple[str, ...] = ("cuda_call_enqueue_seconds", "cudalat_dropped")
+    probed: dict = field(default_factory=dict)
+    """library identity (inode, build-id) -> (path, [links])"""
+
+    def start(self) -> bool:
+        super().start()
+        self._update_state()
+        return self.loaded
 
     def _start(self) -> None:
         self.obj = self._open("cudalat.bpf.o")
         self.obj.load()
         self.rescan()
 
-    def rescan(self) -> int:
-        """Attach to libraries not seen before; returns how many probes were added."""
-        if not self.obj:
-            return 0
-        libs: dict[tuple[int, int], tuple[str, str]] = {}
+    def _update_state(self) -> None:
+        if self.obj is None:
+            return
+        self.loaded = self.probes > 0
+        if self.loaded:
+            self.error = ""
+        elif not self.error:
+            self.error = "no CUDA library found to probe"
+
+    def _wanted(self) -> dict[tuple[int, bytes], tuple[str, str]]:
+        libs: dict[tuple[int, bytes], tuple[str, str]] = {}
         for path in self.libraries:
             kind = cudalibs.classify(path)
-            try:
-                st = os.stat(path)
-            except OSError as e:
-                log.warning("CUDA library %s: %s", path, e)
-                continue
             if kind is None:
                 log.warning("CUDA library %s: name is neither libcudart.so* nor libcuda.so*", path)
                 continue
-            libs.setdefault((st.st_dev, st.st_ino), (kind, path))
+            try:
+                libs.setdefault(cudalibs.identity(path), (kind, path))
+            except OSError as e:
+                log.warning("CUDA library %s: %s", path, e)
         if self.scan_proc:
-            for ino, lib in cudalibs.scan(self.scan_proc).items():
-                libs.setdefault(ino, lib)
+            for ident, lib in cudalibs.scan(self.scan_proc).items():
+                libs.setdefault(ident, lib)
+        return libs
+
+    def rescan(self) -> int:
+        """Attach to libraries not probed yet, detach from those no live process maps (and that
+        are not configured); returns how many probes were added."""
+        if not self.obj:
+            return 0
+        wanted = self._wanted()
+        for ident in [i for i in self.probed if i not in wanted]:
+            path, links = self.probed.pop(ident)
+            for link in links:
+                link.destroy()
+                self.links.remove(link)
+            log.info("CUDA library %s no longer mapped: %d probes detached", path, len(links))
         added = 0
-        for ino, (kind, path) in libs.items():
-            if ino in self.attached_inodes:
+        for ident, (kind, path) in wanted.items():
+            if ident in self.probed:
                 continue
-            self.attached_inodes.add(ino)
+            links = []
             for cookie, (lib_kind, symbol) in enumerate(CUDA_CALLS):
                 if lib_kind != kind:
                     continue
                 try:
-                    self.links.append(self.obj.program("cudalat_enter").attach_uprobe(path, symbol, False, cookie))
-                    self.links.append(self.obj.program("cudalat_exit").attach_uprobe(path, symbol, True, cookie))
-                    added += 2
+                    links.append(self.obj.program("cudalat_enter").attach_uprobe(path, symbol, False, cookie))
+                    links.append(self.obj.program("cudalat_exit").attach_uprobe(path, symbol, True, cookie))
                 except BpfError as e:
+                    if e.errno == errno.ENOENT:  # symbol not exported by this build (e.g. no _ptsz)
+                        log.debug("uprobe %s:%s: %s", path, symbol, e)
+                        continue
                     log.warning("uprobe %s:%s: %s", path, symbol, e)
-            log.info("CUDA library %s (%s) probed", path, kind)
+                    self.error = (f"uprobe attach: {e.strerror}" + (
+                        " (uprobes need CAP_SYS_ADMIN since upstream commit ba677dbe)"
+                        if e.errno in (errno.EACCES, errno.EPERM) else ""))
+            if not links:
+                continue  # retried on the next rescan
+            self.links.extend(links)
+            self.probed[ident] = (path, links)
+            added += len(links)
+            log.info("CUDA library %s (%s) probed: %d probes", path, kind, len(links))
+        self._update_state()
         return added
 
     @property
@@ -188,13 +298,17 @@ class CudaLat(Unit):
         m = self.obj.map("cuda_call_enqueue_seconds")
         return sum(m.delete(k) for k in m.keys(CUDA_HIST_KEY.size) if CUDA_HIST_KEY.unpack(k)[0] in dead)
 
+    def dropped(self) -> int:
+        raw = self.obj.map("cudalat_dropped").lookup(struct.pack("=I", 0), 8 * num_possible_cpus())
+        return sum(struct.unpack(f"={num_possible_cpus()}Q", raw)) if raw else 0
+
     def histograms(self) -> list[tuple[int, str, list[int], int]]:
         """(cgroup id, call name, log2 slot counts, sum ns) for every (cgroup, call)."""
         out = []
         for k, v in self.obj.map("cuda_call_enqueue_seconds").items(CUDA_HIST_KEY.size, CUDA_HIST.size):
             cgid, kind, _ = CUDA_HIST_KEY.unpack(k)
             vals = CUDA_HIST.unpack(v)
-            call = CUDA_CALLS[kind][1] if kind < len(CUDA_CALLS) else f"kind{kind}"
+            call = call_name(kind)
             out.append((cgid, call, list(vals[:CUDALAT_SLOTS]), vals[CUDALAT_SLOTS]))
         return out
 
@@ -204,7 +318,7 @@ class TcpBackpressure(Unit):
     mode: str = "auto"  # auto | fentry | tracepoint
     threshold_pct: int = 80
     active_mode: str = ""
-    pinned: tuple[str, ...] = ("tcp_send_backpressure",)
+    pinned: tuple[str, ...] = ("tcp_send_backpressure", "tcpbp_dropped")
 
     FENTRY = ("tcpbp_sendmsg_fentry", "tcpbp_wait_memory_fentry")
     TRACEPOINT = ("tcpbp_sendmsg_tp",)
@@ -239,6 +353,10 @@ class TcpBackpressure(Unit):
         """Drop the counters of cgroups that no longer exist; returns how many entries went."""
         m = self.obj.map("tcp_send_backpressure")
         return sum(m.delete(k) for k in m.keys(8) if struct.unpack("=Q", k)[0] in dead)
+
+    def dropped(self) -> int:
+        raw = self.obj.map("tcpbp_dropped").lookup(struct.pack("=I", 0), 8 * num_possible_cpus())
+        return sum(struct.unpack(f"={num_possible_cpus()}Q", raw)) if raw else 0
 
     def counts(self) -> list[tuple[int, int, int, int]]:
         """(cgroup id, samples, events, blocked)."""

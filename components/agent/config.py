@@ -35,8 +35,9 @@ class SockmapConfig(Base):
 
 
 class CudaUprobesConfig(Base):
-    enabled: bool = True
-    """Histogram CUDA launch/alloc/copy/sync enqueue times with uprobes."""
+    enabled: bool = False
+    """Histogram CUDA launch/alloc/copy/sync times with uprobes. Off by default: uprobes need
+    CAP_SYS_ADMIN (kernel commit ba677dbe), which the agent then gets (docs/ebpf-agent.md)."""
     library_paths: list[str] = Field(default_factory=list)
     """Absolute host paths to libcudart/libcuda; empty = discovered per process from /proc/<pid>/maps
     (which needs hostPID and SYS_PTRACE). When set, only these files are probed and the agent runs

@@ -5,11 +5,15 @@ The agent (`bpf/agent`, `python -m agent`) reads every flag from `GPUINFRA_EBPF_
 settings go in as environment variables so `kubectl describe` shows them. What each program needs
 from the kernel, and so from the pod:
 
-| program   | capabilities                 | host access                                          |
-|-----------|------------------------------|------------------------------------------------------|
-| sockredir | BPF, NET_ADMIN               | host cgroup2 root (sock_ops attaches there), bpffs   |
-| cudalat   | BPF, PERFMON (+ SYS_PTRACE)  | hostPID and ptrace access to find libcudart/libcuda   |
-| tcpbp     | BPF, PERFMON                 | host cgroup2 root (cgroup id -> pod labels)          |
+| program   | capabilities                           | host access                                          |
+|-----------|----------------------------------------|------------------------------------------------------|
+| sockredir | BPF, NET_ADMIN, PERFMON                | host cgroup2 root (sock_ops attaches there), bpffs   |
+| cudalat   | BPF, PERFMON, SYS_ADMIN (+ SYS_PTRACE) | hostPID and ptrace access to find libcudart/libcuda   |
+| tcpbp     | BPF, PERFMON                           | host cgroup2 root (cgroup id -> pod labels)          |
+
+cudalat is off by default: uprobes need CAP_SYS_ADMIN on current kernels (upstream commit ba677dbe,
+"perf: Revert to requiring CAP_SYS_ADMIN for uprobes", which reverts the CAP_PERFMON allowance of
+c9e0924e5c2b and is in the stable trees), so enabling it widens the agent's privilege.
 
 SYS_RESOURCE is always added: libbpf raises RLIMIT_MEMLOCK on kernels without memcg accounting of
 BPF memory (< 5.11). Nothing here calls Pulumi.
@@ -43,8 +47,9 @@ CONTAINERS_LOG_DIR = "/var/log/containers"
 PODS_LOG_DIR = "/var/log/pods"
 
 BASE_CAPABILITIES = ("BPF", "SYS_RESOURCE")
-CAPABILITY_ALLOW_LIST = ("BPF", "PERFMON", "NET_ADMIN", "SYS_RESOURCE", "SYS_PTRACE")
-"""Every capability the agent may ever hold; the policy pack enforces the same list."""
+CAPABILITY_ALLOW_LIST = ("BPF", "PERFMON", "NET_ADMIN", "SYS_RESOURCE", "SYS_PTRACE", "SYS_ADMIN")
+"""Every capability the agent may ever hold. The policy pack's default list is the same minus
+SYS_ADMIN, which only cudalat (off by default) needs: enabling it means widening that list too."""
 
 CRITICAL_PRIORITY_CLASSES = ("system-node-critical", "system-cluster-critical")
 CRITICAL_PODS_QUOTA = "10000"
@@ -91,8 +96,11 @@ def capabilities(programs: Sequence[str], scan: bool) -> list[str]:
 
     - BPF: create maps, load programs (every program).
     - NET_ADMIN: SOCKHASH maps and sock_ops/sk_msg programs are network-admin types.
-    - PERFMON: uprobes (perf_event_open on the uprobe PMU) and tracing programs (raw tracepoint,
-      fentry) and their kernel-memory reads.
+    - PERFMON: tracing programs (raw tracepoint, fentry) and kernel-memory reads, which sockredir
+      also makes (bpf_skc_to_tcp_sock, bpf_probe_read_kernel: the socket's cgroup for the
+      allow-list and the peer's queue for flow control).
+    - SYS_ADMIN: uprobes; perf_uprobe_event_init checks capable(CAP_SYS_ADMIN) again since
+      upstream ba677dbe (tested with exactly this set in tests/kernel/test_agent_lifecycle.py).
     - SYS_PTRACE: reading /proc/<pid>/maps and opening /proc/<pid>/root of vLLM processes; the
       kernel's ptrace access check refuses both when the target holds capabilities the agent does
       not (a container keeps the runtime's default set) or runs as another user.
@@ -100,9 +108,11 @@ def capabilities(programs: Sequence[str], scan: bool) -> list[str]:
     """
     caps = set(BASE_CAPABILITIES)
     if "sockredir" in programs:
-        caps.add("NET_ADMIN")
+        caps |= {"NET_ADMIN", "PERFMON"}
     if "cudalat" in programs or "tcpbp" in programs:
         caps.add("PERFMON")
+    if "cudalat" in programs:
+        caps.add("SYS_ADMIN")
     if "cudalat" in programs and scan:
         caps.add("SYS_PTRACE")
     return [c for c in CAPABILITY_ALLOW_LIST if c in caps]
@@ -115,8 +125,10 @@ def cuda_library_mounts(cfg: EbpfAgentConfig) -> list[tuple[str, str]]:
     return [(p, HOST_LIB_PREFIX + p) for p in cfg.cuda_uprobes.library_paths]
 
 
-def agent_env(cfg: EbpfAgentConfig, ports: Sequence[int]) -> list[dict[str, str]]:
-    """The agent's settings as `GPUINFRA_EBPF_*` variables (the names `bpf/agent/config.py` reads)."""
+def agent_env(cfg: EbpfAgentConfig, ports: Sequence[int], client_namespaces: Sequence[str] = ()) -> list[dict[str, str]]:
+    """The agent's settings as `GPUINFRA_EBPF_*` variables (the names `bpf/agent/config.py` reads).
+    client_namespaces: whose client sockets sockredir may accelerate (the serving namespace); an
+    empty list accelerates nothing, so policy is never widened by default."""
     accelerated = accelerated_ports(cfg, ports)
     programs = enabled_programs(cfg, accelerated)
     if not programs:
@@ -131,6 +143,7 @@ def agent_env(cfg: EbpfAgentConfig, ports: Sequence[int]) -> list[dict[str, str]
     }
     if "sockredir" in programs:
         env["PORTS"] = ",".join(str(p) for p in accelerated)
+        env["ALLOW_CLIENTS"] = ",".join(f"namespace:{n}" for n in client_namespaces)
     if "cudalat" in programs:
         env["CUDA_SCAN"] = "true" if cuda_scan(cfg) else "false"
         libs = [inside for _, inside in cuda_library_mounts(cfg)]
@@ -249,14 +262,15 @@ def _probe(period_s: int, initial_delay_s: int, failures: int) -> dict[str, Any]
     }
 
 
-def pod_spec(cfg: EbpfAgentConfig, ports: Sequence[int], pools: Sequence[GpuPoolInfo]) -> dict[str, Any]:
+def pod_spec(cfg: EbpfAgentConfig, ports: Sequence[int], pools: Sequence[GpuPoolInfo],
+             client_namespaces: Sequence[str] = ()) -> dict[str, Any]:
     programs = enabled_programs(cfg, accelerated_ports(cfg, ports))
     volumes, mounts = volumes_and_mounts(cfg)
     container = {
         "name": CONTAINER_NAME,
         "image": cfg.image,
         "imagePullPolicy": "IfNotPresent",
-        "env": agent_env(cfg, ports),
+        "env": agent_env(cfg, ports, client_namespaces),
         "ports": [{"name": METRICS_PORT_NAME, "containerPort": cfg.metrics_port, "protocol": "TCP"}],
         "resources": resources(cfg),
         "securityContext": container_security_context(cfg, capabilities(programs, cuda_scan(cfg))),
@@ -280,7 +294,8 @@ def pod_spec(cfg: EbpfAgentConfig, ports: Sequence[int], pools: Sequence[GpuPool
 
 
 def daemonset_spec(
-    cfg: EbpfAgentConfig, ports: Sequence[int], pools: Sequence[GpuPoolInfo], platform_labels: dict[str, str]
+    cfg: EbpfAgentConfig, ports: Sequence[int], pools: Sequence[GpuPoolInfo], platform_labels: dict[str, str],
+    client_namespaces: Sequence[str] = (),
 ) -> dict[str, Any]:
     """One agent per GPU node. Rolling update one node in ten at a time (at least one), no surge: two
     agents on one node would share the pinned maps. Traffic keeps flowing while an agent restarts
@@ -292,7 +307,7 @@ def daemonset_spec(
         "revisionHistoryLimit": 5,
         "template": {
             "metadata": {"labels": object_labels(platform_labels)},
-            "spec": pod_spec(cfg, ports, pools),
+            "spec": pod_spec(cfg, ports, pools, client_namespaces),
         },
     }
 

@@ -66,6 +66,7 @@ def build_layers(loaded: LoadedConfig, handle: ClusterHandle) -> ClusterLayers:
                 gpu_pools=list(handle.gpu_pools.values()),
                 observability=cfg.observability,
                 labels=labels,
+                client_namespaces=(cfg.namespaces.serving,),
             ),
             opts=after_addons,
         )

@@ -151,3 +151,38 @@ def cuda_stubs(kernel, tmp_path_factory) -> dict[str, str]:
         subprocess.run(["clang", "-O2", "-shared", "-fPIC", "-o", path, str(src)], check=True, timeout=60)
         out[lib.split(".")[0]] = path
     return out
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+CLONE_NEWNET = 0x40000000
+
+
+@contextlib.contextmanager
+def in_netns(path: str):
+    """Runs the block in the network namespace at path (this thread only); sockets made inside
+    stay in that namespace for their whole life."""
+    with open("/proc/thread-self/ns/net") as old, open(path) as new:
+        if _libc.setns(new.fileno(), CLONE_NEWNET):
+            raise OSError(ctypes.get_errno(), f"setns {path}")
+        try:
+            yield
+        finally:
+            if _libc.setns(old.fileno(), CLONE_NEWNET):
+                raise OSError(ctypes.get_errno(), "setns back")
+
+
+@pytest.fixture
+def make_netns(kernel):
+    """Factory: a fresh named network namespace (a stand-in for a pod) with lo up; removed after."""
+    made: list[str] = []
+
+    def make() -> str:
+        name = f"gpuinfra-test-{uuid.uuid4().hex[:8]}"
+        subprocess.run(["ip", "netns", "add", name], check=True, timeout=10)
+        made.append(name)
+        subprocess.run(["ip", "-n", name, "link", "set", "lo", "up"], check=True, timeout=10)
+        return name
+
+    yield make
+    for name in made:
+        subprocess.run(["ip", "netns", "del", name], check=False, timeout=10)

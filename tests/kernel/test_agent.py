@@ -40,7 +40,7 @@ def agent(bpf_build, cuda_stubs, test_cgroup, pin_dir, tmp_path):
     metrics_port, app_port = free_port(), free_port()
     cmd = [sys.executable, "-m", "agent", "--bpf-dir", str(bpf_dir), "--cgroup-path", test_cgroup,
            "--pin-dir", pin_dir, "--metrics-addr", "127.0.0.1", "--metrics-port", str(metrics_port),
-           "--ports", str(app_port), "--cuda-scan", "false", "--cuda-rescan-seconds", "1",
+           "--ports", str(app_port), "--allow-clients", "cgroup:/", "--cuda-scan", "false", "--cuda-rescan-seconds", "1",
            "--cuda-libs", f"{cuda_stubs['libcudart']},/nonexistent/libcudart.so.12",
            "--unpin-on-exit", "true"]
     proc = subprocess.Popen(cmd, cwd=BPF_DIR, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -48,7 +48,10 @@ def agent(bpf_build, cuda_stubs, test_cgroup, pin_dir, tmp_path):
         deadline = time.monotonic() + 20
         while True:
             try:
-                if _get(_scrape(metrics_port), "ebpf_agent_up") == 1:
+                # /metrics comes up before the programs attach: wait for both working units.
+                m = _scrape(metrics_port)
+                if _get(m, "ebpf_program_loaded", program="cudalat") == 1 and \
+                        _get(m, "ebpf_program_loaded", program="sockredir") == 1:
                     break
             except OSError:
                 pass
@@ -82,7 +85,7 @@ def test_agent_metrics_fail_open_and_clean_exit(agent, cuda_stubs):
     assert _get(m, "ebpf_cuda_probes_attached") == 8, "4 runtime symbols x entry/return; bogus path skipped"
 
     # The agent's cgroup root is the test cgroup, so this process's cgroup resolves to "/".
-    labels = dict(namespace="", pod="", container="", cgroup="/", call="cudaLaunchKernel")
+    labels = dict(namespace="", pod="", container="", workload="/", call="cudaLaunchKernel")
     assert _get(m, "ebpf_cuda_call_enqueue_seconds_count", **labels) == N_CALLS, \
         {k: v for k, v in m.items() if k.startswith("ebpf_cuda")}
     buckets = sorted((float(k.split("'le', '")[1].split("'")[0]), v) for k, v in m.items()

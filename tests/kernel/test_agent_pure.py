@@ -43,8 +43,8 @@ def test_log_names():
 
 def test_resolve_prefers_container_names_then_pod_then_path():
     path = f"/kubepods/burstable/pod{UID}/{CID}"
-    assert resolve(path, {CID: ("serving", "vllm-0", "vllm")}, {}) == Workload("serving", "vllm-0", "vllm", path)
-    assert resolve(path, {}, {UID: ("serving", "vllm-0")}) == Workload("serving", "vllm-0", CID[:12], path)
+    assert resolve(path, {CID: ("serving", "vllm-0", "vllm")}, {}) == Workload("serving", "vllm-0", "vllm", path, UID)
+    assert resolve(path, {}, {UID: ("serving", "vllm-0")}) == Workload("serving", "vllm-0", CID[:12], path, UID)
     assert resolve("/system.slice/x", {}, {}) == Workload("", "", "", "/system.slice/x")
 
 
@@ -109,3 +109,70 @@ def test_a_cgroup_is_dead_only_when_two_walks_miss_it():
 
     assert confirmed_dead(set(), {7, 8}) == set()
     assert confirmed_dead({7, 8}, {8, 9}) == {8}
+
+
+@pytest.mark.parametrize("env,needle", [
+    ({"GPUINFRA_EBPF_PORTS": "abc"}, "GPUINFRA_EBPF_PORTS='abc'"),
+    ({"GPUINFRA_EBPF_PORTS": ",".join(str(8000 + i) for i in range(17))}, "at most 16"),
+    ({"GPUINFRA_EBPF_PORTS": "8000,8000"}, "duplicate ports [8000]"),
+    ({"GPUINFRA_EBPF_CUDA_RESCAN_SECONDS": "0"}, "> 0"),
+    ({"GPUINFRA_EBPF_CUDA_RESCAN_SECONDS": "-1"}, "> 0"),
+    ({"GPUINFRA_EBPF_METRICS_PORT": "http"}, "GPUINFRA_EBPF_METRICS_PORT"),
+    ({"GPUINFRA_EBPF_TCPBP_MODE": "kprobe"}, "allowed: auto, fentry, tracepoint"),
+    ({"GPUINFRA_EBPF_TCPBP_THRESHOLD_PCT": "0"}, "1..100"),
+    ({"GPUINFRA_EBPF_ALLOW_CLIENTS": "pod:x"}, "cgroup:<path> or namespace:<name>"),
+    ({"GPUINFRA_EBPF_UNPIN_ON_EXIT": "maybe"}, "true or false"),
+])
+def test_env_values_get_the_flags_validation_and_a_clear_error(env, needle, capsys):
+    """An environment variable is validated like its flag: exit 2 with the variable named, no traceback."""
+    with pytest.raises(SystemExit) as e:
+        config.parse([], environ=env)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert needle in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--ports", "8000,8000"], "duplicate"),
+    (["--ports", ",".join(str(8000 + i) for i in range(17))], "at most 16"),
+    (["--cuda-rescan-seconds", "0"], "> 0"),
+    (["--cgroup-gc-seconds", "nan"], "> 0"),
+])
+def test_flags_reject_what_would_disable_or_spin(argv, needle, capsys):
+    with pytest.raises(SystemExit):
+        config.parse(argv, environ={})
+    assert needle in capsys.readouterr().err
+
+
+def test_metric_identity_is_stable_across_container_restarts():
+    """Two cgroups of the same pod's container (before and after a restart) get the same labels."""
+    from agent.metrics import AgentCollector
+
+    class FakeResolver:
+        def lookup(self, cgid):
+            cid = ("a" if cgid == 1 else "b") * 64
+            return resolve(f"/kubepods/burstable/pod{UID}/{cid}", {"a" * 64: ("serving", "vllm-0", "vllm"),
+                                                                  "b" * 64: ("serving", "vllm-0", "vllm")}, {})
+
+    c = AgentCollector([], FakeResolver())
+    assert c._labels(1) == c._labels(2) == ("serving", "vllm-0", "vllm", UID)
+
+
+def test_build_id_identifies_a_library(tmp_path):
+    import shutil
+    import subprocess
+
+    from agent.cudalibs import build_id, identity
+
+    if shutil.which("clang") is None:
+        pytest.skip("needs clang")
+    src = tmp_path / "x.c"
+    src.write_text("int f(void) { return 1; }\n")
+    lib = tmp_path / "libcudart.so.12"
+    subprocess.run(["clang", "-shared", "-fPIC", "-Wl,--build-id=sha1", "-o", str(lib), str(src)], check=True)
+    bid = build_id(lib.read_bytes())
+    assert len(bid) == 20
+    ro = subprocess.run(["readelf", "-n", str(lib)], capture_output=True, text=True)
+    if ro.returncode == 0:
+        assert bid.hex() in ro.stdout
+    assert identity(str(lib)) == (lib.stat().st_ino, bid)

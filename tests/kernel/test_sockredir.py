@@ -102,7 +102,7 @@ def _wait_for(pred, timeout: float = 10.0) -> bool:
 def redirect(bpf_build, test_cgroup, pin_dir):
     port = free_port()
     unit = SockRedir(name="sockredir", bpf_dir=bpf_build, pin_dir=pin_dir, unpin_on_exit=True,
-                     ports=(port,), cgroup_path=test_cgroup)
+                     ports=(port,), cgroup_path=test_cgroup, allow_clients=("cgroup:/",))
     assert unit.start(), unit.error
     yield unit, port
     unit.stop()

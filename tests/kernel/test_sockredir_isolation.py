@@ -1,0 +1,221 @@
+# SPDX-License-Identifier: Apache-2.0
+"""What sockredir must never do: mix up two pods that use the same loopback ports, accelerate a
+client the platform did not allow (its bytes would skip netfilter/Cilium policy), or let a stalled
+reader pin unbounded kernel memory. Network namespaces stand in for pods."""
+from __future__ import annotations
+
+import os
+import select
+import socket
+import subprocess
+import threading
+import time
+import uuid
+
+import pytest
+
+from conftest import _in_cgroup, free_port, in_netns
+
+from agent.programs import SockRedir
+
+SERVER_PORT, CLIENT_PORT = 8000, 45678  # inside private namespaces: no clash with other tests
+
+
+def _unit(bpf_build, pin_dir, cgroup, ports, allow):
+    unit = SockRedir(name="sockredir", bpf_dir=bpf_build, pin_dir=pin_dir, unpin_on_exit=True,
+                     ports=ports, cgroup_path=cgroup, allow_clients=allow)
+    assert unit.start(), unit.error
+    return unit
+
+
+def _listener(port: int, rcvbuf: int | None = None) -> socket.socket:
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if rcvbuf:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    s.bind(("127.0.0.1", port))
+    s.listen(8)
+    return s
+
+
+def _recv_for(s: socket.socket, seconds: float) -> bytes:
+    """Whatever arrives within `seconds` (b"" if nothing)."""
+    s.settimeout(seconds)
+    try:
+        return s.recv(65536)
+    except socket.timeout:
+        return b""
+
+
+def test_two_pods_with_the_same_loopback_ports_do_not_cross_talk(bpf_build, test_cgroup, pin_dir, make_netns):
+    """Both pods use 127.0.0.1:45678 -> 127.0.0.1:8000. Pod A's client keeps writing after its
+    server socket closed; with a key that ignores the namespace its bytes land in pod B's server."""
+    unit = _unit(bpf_build, pin_dir, test_cgroup, (SERVER_PORT,), ("cgroup:/",))
+    socks: list[socket.socket] = []
+    try:
+        a, b = make_netns(), make_netns()
+        with in_netns(f"/run/netns/{a}"):
+            la, ca = _listener(SERVER_PORT), socket.socket()
+        socks += [la, ca]
+        ca.bind(("127.0.0.1", CLIENT_PORT))
+        ca.connect(("127.0.0.1", SERVER_PORT))
+        sa, _ = la.accept()
+        ca.sendall(b"A-hello")
+        assert _recv_for(sa, 5) == b"A-hello"
+        sa.close()  # pod A's server socket leaves the sockhash; its client stays
+
+        with in_netns(f"/run/netns/{b}"):
+            lb, cb = _listener(SERVER_PORT), socket.socket()
+        socks += [lb, cb]
+        cb.bind(("127.0.0.1", CLIENT_PORT))
+        cb.connect(("127.0.0.1", SERVER_PORT))
+        sb, _ = lb.accept()
+        socks.append(sb)
+        cb.sendall(b"B-hello")
+        assert _recv_for(sb, 5) == b"B-hello"
+        # Pod B's pair is accelerated too: the namespaces' identical tuples are distinct keys.
+        tuples = [k for k in unit.sockets() if CLIENT_PORT in (k[1], k[3])]
+        assert len(tuples) == 3, f"A's client and B's pair expected in the sockhash: {tuples}"
+        assert unit.counters()["errors"] == 0, unit.counters()
+
+        try:
+            ca.sendall(b"A-secret")
+        except OSError:
+            pass  # pod A's peer is gone: TCP may reset; what matters is where the bytes go
+        assert _recv_for(sb, 1.0) == b"", "pod B's server received pod A's bytes"
+    finally:
+        for s in socks:
+            s.close()
+        unit.stop()
+
+
+@pytest.fixture
+def child_cgroups(test_cgroup):
+    made = []
+
+    def make(name: str) -> str:
+        path = os.path.join(test_cgroup, name)
+        os.mkdir(path)
+        made.append(path)
+        return path
+
+    yield make
+    for path in reversed(made):
+        os.rmdir(path)
+
+
+def _nft(ns: str, *cmds: str) -> None:
+    for cmd in cmds:
+        subprocess.run(["ip", "netns", "exec", ns, "nft", *cmd.split()], check=True, timeout=10)
+
+
+def _drop_port(ns: str, port: int) -> None:
+    """A netfilter rule that drops every TCP segment to the port: what a NetworkPolicy added after
+    the handshake does to an established connection."""
+    _nft(ns, "add table inet gpuinfra_test",
+         "add chain inet gpuinfra_test input { type filter hook input priority 0 ; }",
+         f"add rule inet gpuinfra_test input tcp dport {port} drop")
+
+
+def _connect_from(cgroup: str, ns: str, listener: socket.socket) -> tuple[socket.socket, socket.socket]:
+    with _in_cgroup(cgroup), in_netns(f"/run/netns/{ns}"):
+        c = socket.socket()
+    c.connect(("127.0.0.1", SERVER_PORT))
+    s, _ = listener.accept()
+    return c, s
+
+
+def test_client_not_on_the_allow_list_is_not_accelerated_so_a_drop_rule_stops_it(
+        bpf_build, test_cgroup, pin_dir, make_netns, child_cgroups):
+    allowed, other = child_cgroups("allowed"), child_cgroups("other")
+    unit = _unit(bpf_build, pin_dir, test_cgroup, (SERVER_PORT,), ("cgroup:allowed",))
+    socks: list[socket.socket] = []
+    try:
+        ns = make_netns()
+        with in_netns(f"/run/netns/{ns}"):
+            listener = _listener(SERVER_PORT)
+        socks.append(listener)
+        c, s = _connect_from(other, ns, listener)
+        socks += [c, s]
+        assert unit.sockets() == [], "a client outside the allow-list was inserted"
+        assert unit.counters()["not_allowed"] >= 1, unit.counters()
+        assert unit.counters()["unpaired"] >= 1, "its server socket must not be inserted either"
+
+        _drop_port(ns, SERVER_PORT)
+        c.sendall(b"after the policy changed")
+        assert _recv_for(s, 1.0) == b"", "bytes crossed a DROP rule: the flow was redirected"
+    finally:
+        for x in socks:
+            x.close()
+        unit.stop()
+
+
+def test_allowed_pair_is_accelerated_and_bypasses_netfilter_as_documented(
+        bpf_build, test_cgroup, pin_dir, make_netns, child_cgroups):
+    """The documented trade-off (docs/ebpf-agent.md): an allowed pair, once established, skips
+    netfilter. This pins that claim down so the docs cannot drift from the kernel's behaviour."""
+    allowed = child_cgroups("allowed")
+    unit = _unit(bpf_build, pin_dir, test_cgroup, (SERVER_PORT,), ("cgroup:allowed",))
+    socks: list[socket.socket] = []
+    try:
+        ns = make_netns()
+        with in_netns(f"/run/netns/{ns}"):
+            listener = _listener(SERVER_PORT)
+        socks.append(listener)
+        c, s = _connect_from(allowed, ns, listener)
+        socks += [c, s]
+        assert len(unit.sockets()) == 2, unit.sockets()
+        _drop_port(ns, SERVER_PORT)
+        before = unit.counters()
+        c.sendall(b"redirected")
+        assert _recv_for(s, 5) == b"redirected"
+        after = unit.counters()
+        assert after["redirected"] == before["redirected"] + 1, (before, after)
+        assert after["redirected_bytes"] == before["redirected_bytes"] + len(b"redirected"), (before, after)
+    finally:
+        for x in socks:
+            x.close()
+        unit.stop()
+
+
+PATTERN = bytes(range(251)) * (1 << 18)  # ~64 MiB; 251 is prime, so a reordering shows
+
+
+def test_stalled_reader_is_bounded_and_bytes_stay_in_order(bpf_build, test_cgroup, pin_dir):
+    """The reader never reads. Without a bound the sender keeps 'sending' into the peer's ingress
+    queue (no window, no rcvbuf check) until memory runs out; with it the socket goes back to TCP
+    and the sender blocks after roughly rcvbuf + sndbuf + what is already queued."""
+    port = free_port()
+    unit = _unit(bpf_build, pin_dir, test_cgroup, (port,), ("cgroup:/",))
+    listener = _listener(port, rcvbuf=65536)
+    c = socket.create_connection(("127.0.0.1", port), timeout=10)
+    s, _ = listener.accept()
+    try:
+        c.setblocking(False)
+        sent = 0
+        while sent < len(PATTERN) - 65536:
+            try:
+                sent += c.send(PATTERN[sent:sent + 65536])
+            except BlockingIOError:
+                if not select.select([], [c], [], 1.0)[1]:
+                    break  # blocked for a second: the kernel is holding the sender back
+        rcvbuf = s.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
+        assert sent < 16 * 1024 * 1024, f"{sent} bytes accepted for a reader that never reads (rcvbuf {rcvbuf})"
+        assert unit.counters()["flow_control"] >= 1, unit.counters()
+
+        # Draining gets every byte, in order, across the switch from redirect to TCP.
+        got = bytearray()
+        s.settimeout(10)
+        reader_done = threading.Event()
+        while len(got) < sent:
+            chunk = s.recv(1 << 20)
+            if not chunk:
+                break
+            got += chunk
+        reader_done.set()
+        assert len(got) == sent and bytes(got) == PATTERN[:sent], "bytes lost or reordered"
+    finally:
+        c.close()
+        s.close()
+        listener.close()
+        unit.stop()
