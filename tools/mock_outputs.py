@@ -119,6 +119,15 @@ CALL_OUTPUTS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
 }
 
 
+READ_TYPES = frozenset({"pulumi:pulumi:StackReference"})
+"""Resources a program reads rather than creates: their outputs exist before the first preview."""
+
+
+def created_by_this_stack(type_: str, resource_id: str | None) -> bool:
+    """False for a read (a `get`, a StackReference): those outputs are known even in a preview."""
+    return type_ not in READ_TYPES and not resource_id
+
+
 def resource_outputs(type_: str, name: str, inputs: dict[str, Any]) -> dict[str, Any]:
     extra = RESOURCE_OUTPUTS.get(type_)
     return {**inputs, **(extra(name, inputs) if extra else {})}
