@@ -7,6 +7,7 @@ Every validator receives the resource's inputs as the engine sees them (camelCas
 from __future__ import annotations
 
 import re
+import shlex
 from decimal import Decimal, InvalidOperation
 from functools import cache
 from pathlib import Path
@@ -15,9 +16,23 @@ from typing import Any, Iterator, Optional
 
 import yaml
 from pulumi_policy import PolicyConfigSchema
+from pulumi_policy import proxy as _proxy
 
 UNKNOWN = "[unknown]"
 """How the offline harness renders a value that is unknown during preview."""
+
+ENGINE_UNKNOWNS = frozenset(
+    {
+        _proxy.UNKNOWN_BOOLEAN_VALUE,
+        _proxy.UNKNOWN_NUMBER_VALUE,
+        _proxy.UNKNOWN_STRING_VALUE,
+        _proxy.UNKNOWN_ARRAY_VALUE,
+        _proxy.UNKNOWN_ASSET_VALUE,
+        _proxy.UNKNOWN_ARCHIVE_VALUE,
+        _proxy.UNKNOWN_OBJECT_VALUE,
+    }
+)
+"""The sentinels the engine sends for unknown values (pulumi-policy 1.21.0 `proxy.py`)."""
 
 # ---- resource type tokens --------------------------------------------------------------------
 
@@ -39,6 +54,11 @@ EKS_CLUSTER = "aws:eks/cluster:Cluster"
 GKE_CLUSTER = "gcp:container/cluster:Cluster"
 GKE_NODEPOOL = "gcp:container/nodePool:NodePool"
 SQS_QUEUE = "aws:sqs/queue:Queue"
+KMS_KEY = "aws:kms/key:Key"
+EKS_NODEGROUP = "aws:eks/nodeGroup:NodeGroup"
+LAUNCH_TEMPLATE = "aws:ec2/launchTemplate:LaunchTemplate"
+CONFIGMAP = "kubernetes:core/v1:ConfigMap"
+NETWORK_POLICY = "kubernetes:networking.k8s.io/v1:NetworkPolicy"
 
 # Where each workload kind keeps its pod template (metadata + spec).
 POD_TEMPLATE_PATH: dict[str, tuple[str, ...]] = {
@@ -114,7 +134,13 @@ def as_map(value: Any) -> Mapping[str, Any]:
 
 
 def is_unknown(value: Any) -> bool:
-    return value == UNKNOWN
+    """An unknown value read without the CLI's proxies (they raise instead of returning one)."""
+    return isinstance(value, str) and (value == UNKNOWN or value in ENGINE_UNKNOWNS)
+
+
+def has_key(mapping: Any, key: str) -> bool:
+    """`key` is set, without reading its value (a proxied read of an unknown value raises)."""
+    return isinstance(mapping, Mapping) and any(k == key for k in mapping)
 
 
 def truthy(value: Any) -> Optional[bool]:
@@ -155,8 +181,30 @@ def containers(spec: Optional[Mapping[str, Any]]) -> Iterator[tuple[str, Mapping
                 yield f"{key}[{i}] '{c.get('name', '?')}'", c
 
 
+SHELLS = ("sh", "bash", "ash", "dash")
+
+
+def shell_script(argv: list[str]) -> Optional[str]:
+    """The script of `sh -c '<script>'` (any shell in SHELLS, by path or name), else None."""
+    if len(argv) >= 3 and argv[0].rsplit("/", 1)[-1] in SHELLS and argv[1] in ("-c", "-ec", "-ce", "-euc", "-xc"):
+        return argv[2]
+    return None
+
+
+def shell_words(script: str) -> list[str]:
+    """The words of a shell script as `sh` splits them (unbalanced quotes: plain whitespace split)."""
+    try:
+        return shlex.split(script, comments=True)
+    except ValueError:
+        return script.split()
+
+
 def command_line(container: Mapping[str, Any]) -> list[str]:
-    return [str(x) for x in as_list(container.get("command")) + as_list(container.get("args"))]
+    """command + args; for a `sh -c '<script>'` launch, followed by the script's own words, so the
+    flags of `sh -c "exec vllm serve ... --shutdown-timeout N"` are read like direct arguments."""
+    argv = [str(x) for x in as_list(container.get("command")) + as_list(container.get("args"))]
+    script = shell_script(argv)
+    return argv + shell_words(script) if script is not None else argv
 
 
 def flag_value(argv: list[str], flag: str) -> Optional[str]:
@@ -192,6 +240,7 @@ def is_vllm_container(container: Mapping[str, Any]) -> bool:
     return (
         repo.rsplit("/", 1)[-1] in ("vllm-openai", "vllm")
         or (bool(argv) and argv[0] == "vllm")
+        or any(a == "vllm" and b == "serve" for a, b in zip(argv, argv[1:]))
         or any("vllm.entrypoints" in a for a in argv)
     )
 
@@ -215,6 +264,92 @@ def namespace_of(props: Mapping[str, Any]) -> str:
     return dig(props, "metadata", "namespace") or "default"
 
 
+# ---- the eBPF agent, identified exactly ------------------------------------------------------
+
+EBPF_AGENT_NAME = "gpuinfra-ebpf-agent"
+EBPF_AGENT_NAMESPACE = "gpuinfra-system"
+EBPF_AGENT_LABELS = {
+    "app.kubernetes.io/name": "gpuinfra-ebpf-agent",
+    "app.kubernetes.io/component": "ebpf-agent",
+    "app.kubernetes.io/part-of": "gpu-inference-platform",
+}
+"""The agent DaemonSet as components/ebpf_agent_spec.py renders it (name, namespace, pod labels)."""
+
+EBPF_AGENT_SCHEMA_PROPERTIES: dict[str, Any] = {
+    "ebpfAgentName": {"type": "string", "default": EBPF_AGENT_NAME, "description": "metadata.name of the eBPF agent DaemonSet."},
+    "ebpfAgentNamespace": {
+        "type": "string", "default": EBPF_AGENT_NAMESPACE,
+        "description": "Namespace of the eBPF agent DaemonSet (the stack config's namespaces.system).",
+    },
+    "ebpfAgentLabels": {
+        "type": "object", "additionalProperties": {"type": "string"}, "default": EBPF_AGENT_LABELS,
+        "description": "Pod-template labels the eBPF agent carries (all must match).",
+    },
+}
+
+
+def is_ebpf_agent(resource_type: str, props: Mapping[str, Any], config: Mapping[str, Any] | None) -> bool:
+    """The platform's eBPF agent: a DaemonSet with its exact name, namespace and pod labels."""
+    if resource_type != DAEMONSET:
+        return False
+    cfg = config or {}
+    labels = template_labels(resource_type, props)
+    want = as_map(cfg.get("ebpfAgentLabels")) or EBPF_AGENT_LABELS
+    return (
+        object_name(props) == cfg.get("ebpfAgentName", EBPF_AGENT_NAME)
+        and namespace_of(props) == cfg.get("ebpfAgentNamespace", EBPF_AGENT_NAMESPACE)
+        and all(has_key(labels, k) and labels.get(k) == v for k, v in want.items())
+    )
+
+
+def ebpf_agent_programs(props: Mapping[str, Any]) -> set[str]:
+    """The agent programs enabled in the DaemonSet (`GPUINFRA_EBPF_PROGRAMS`, comma-separated)."""
+    for _, c in containers(pod_spec(DAEMONSET, props)):
+        for e in as_list(c.get("env")):
+            e = as_map(e)
+            if e.get("name") == "GPUINFRA_EBPF_PROGRAMS":
+                return {p.strip() for p in str(e.get("value") or "").split(",") if p.strip()}
+    return set()
+
+
+# ---- secrets ---------------------------------------------------------------------------------
+
+_SECRET_NAME = re.compile(
+    r"(^|_)(TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|ACCESS_KEY|SECRET_KEY|PRIVATE_KEY|CREDENTIALS?)($|_)",
+    re.IGNORECASE,
+)
+_NOT_A_SECRET_NAME = re.compile(
+    r"(_(FILE|PATH|DIR|NAME|KEY_ID|URL|ENDPOINT|REF|ENABLED|DISABLED)$)|(^|_)(DISABLE|ENABLE|USE|NO)_|(^|_)MAX_|(^|_)NUM_|(^|_)EXISTING_",
+    re.IGNORECASE,
+)
+SECRET_VALUE = re.compile(
+    r"(hf_[A-Za-z0-9]{30,}|AKIA[0-9A-Z]{16}|gh[pousr]_[A-Za-z0-9]{30,}|-----BEGIN [A-Z ]*PRIVATE KEY-----)"
+)
+"""Values that are credentials whatever their name: Hugging Face, AWS access key, GitHub tokens, PEM keys."""
+_BENIGN_VALUE = re.compile(r"^(0|1|true|false|yes|no|on|off|none|auto)$|^/|^\$\(|^\$\{", re.IGNORECASE)
+"""A flag, a file path (GOOGLE_APPLICATION_CREDENTIALS=/var/run/...), or a reference to another variable."""
+
+
+def camel_to_snake(name: str) -> str:
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", name).replace("-", "_").replace(".", "_").upper()
+
+
+def secret_name(name: str) -> bool:
+    """A variable/key name that holds a credential (not a flag about one, a path to one or its name)."""
+    n = camel_to_snake(name)
+    return bool(_SECRET_NAME.search(n)) and not _NOT_A_SECRET_NAME.search(n)
+
+
+def looks_secret(name: str, value: Any) -> bool:
+    """`name=value` carries a credential literally: a known credential value, or a secret name with a
+    value that is not a flag, a path or a reference."""
+    if not isinstance(value, str) or value == "":
+        return False
+    if SECRET_VALUE.search(value):
+        return True
+    return secret_name(name) and not _BENIGN_VALUE.match(value.strip())
+
+
 # ---- images ----------------------------------------------------------------------------------
 
 _DIGEST = re.compile(r"@sha256:[0-9a-f]{64}$")
@@ -236,6 +371,32 @@ def image_problem(image: Any) -> Optional[str]:
     if tag == "latest" or tag == "":
         return f"image '{image}' uses the 'latest' tag"
     return None
+
+
+MUTABLE_TAGS = frozenset({"latest", "main", "master", "nightly", "dev", "develop", "edge", "head", "canary", "stable", "rolling"})
+"""Tags that projects move on every build or release; a prod image must not use one."""
+
+
+def image_registry(image: str) -> str:
+    """The registry host of an image reference (`docker.io` when none is named, as the runtimes do)."""
+    first, _, rest = image.partition("/")
+    if rest and ("." in first or ":" in first or first == "localhost"):
+        return "docker.io" if first in ("index.docker.io", "registry-1.docker.io") else first
+    return "docker.io"
+
+
+def image_tag(image: str) -> Optional[str]:
+    ref = image.split("@", 1)[0]
+    last = ref.rsplit("/", 1)[-1]
+    return last.rsplit(":", 1)[1] if ":" in last else None
+
+
+_EXACT_SEMVER = re.compile(r"^v?(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)(-[0-9A-Za-z.-]+)?(\+[0-9A-Za-z.-]+)?$")
+
+
+def exact_semver(version: str) -> bool:
+    """`1.19.6` or `v0.5.0-rc.1`; not a range (`^1.2`, `~1.2`, `1.x`, `>=1.0.0`, `*`)."""
+    return bool(_EXACT_SEMVER.match(version.strip()))
 
 
 # ---- quantities ------------------------------------------------------------------------------
