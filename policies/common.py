@@ -97,6 +97,12 @@ ENVIRONMENT_SCHEMA = PolicyConfigSchema(
 )
 
 
+def config_list(config: Mapping[str, Any] | None, key: str, default: list) -> list[str]:
+    """A list from the policy config; an explicitly empty list stays empty (no fallback to the default)."""
+    cfg = config or {}
+    return [str(x) for x in as_list(cfg[key])] if key in cfg else [str(x) for x in default]
+
+
 def environment(config: Mapping[str, Any]) -> str:
     env = (config or {}).get("environment", DEFAULT_ENVIRONMENT)
     return env if env in ENVIRONMENTS else DEFAULT_ENVIRONMENT
@@ -319,7 +325,7 @@ _SECRET_NAME = re.compile(
     re.IGNORECASE,
 )
 _NOT_A_SECRET_NAME = re.compile(
-    r"(_(FILE|PATH|DIR|NAME|KEY_ID|URL|ENDPOINT|REF|ENABLED|DISABLED)$)|(^|_)(DISABLE|ENABLE|USE|NO)_|(^|_)MAX_|(^|_)NUM_|(^|_)EXISTING_",
+    r"(_(FILE|PATH|DIR|NAME|KEY_ID|URL|ENDPOINT|REF|ENABLED|DISABLED|TTL|TIMEOUT|EXPIRY|LIFETIME|LENGTH|SIZE|COUNT|LIMIT|TYPE)$)|(^|_)(DISABLE|ENABLE|USE|NO)_|(^|_)MAX_|(^|_)NUM_|(^|_)EXISTING_",
     re.IGNORECASE,
 )
 SECRET_VALUE = re.compile(

@@ -25,6 +25,7 @@ from policies.common import (
     as_list,
     as_map,
     command_line,
+    config_list,
     containers,
     dig,
     ebpf_agent_programs,
@@ -105,7 +106,7 @@ REGISTRY_SCHEMA = PolicyConfigSchema(
 def workload_image_registry_allowed(args: ResourceValidationArgs, report_violation: ReportViolation) -> None:
     if args.resource_type not in WORKLOAD_TYPES:
         return
-    allowed = [str(r) for r in as_list((args.get_config() or {}).get("allowedRegistries"))] or DEFAULT_REGISTRIES
+    allowed = config_list(args.get_config(), "allowedRegistries", DEFAULT_REGISTRIES)
     undecided = Undecided()
     for where, c in containers(pod_spec(args.resource_type, args.props)):
         with undecided.part(where):
@@ -259,7 +260,7 @@ def _cap(c: Any) -> str:
 
 
 def agent_capabilities(cfg: Mapping[str, Any], programs: set[str]) -> set[str]:
-    allowed = {_cap(c) for c in (cfg.get("ebpfAgentCapabilities") or EBPF_AGENT_CAPABILITIES)}
+    allowed = {_cap(c) for c in config_list(cfg, "ebpfAgentCapabilities", EBPF_AGENT_CAPABILITIES)}
     by_program = as_map(cfg.get("ebpfAgentCapabilitiesByProgram")) or EBPF_AGENT_CAPABILITIES_BY_PROGRAM
     for cap, needs in by_program.items():
         if programs & {str(p) for p in as_list(needs)}:
@@ -275,7 +276,7 @@ def workload_capabilities_allowlist(args: ResourceValidationArgs, report_violati
     if agent:
         allowed = agent_capabilities(cfg, ebpf_agent_programs(args.props))
     else:
-        allowed = {_cap(c) for c in (cfg.get("otherCapabilities") or DEFAULT_CAPABILITIES)}
+        allowed = {_cap(c) for c in config_list(cfg, "otherCapabilities", DEFAULT_CAPABILITIES)}
     who = "the eBPF agent" if agent else "this workload (only the eBPF agent holds kernel capabilities)"
     undecided = Undecided()
     for where, c in containers(pod_spec(args.resource_type, args.props)):

@@ -31,6 +31,7 @@ from policies.common import (
     WORKLOAD_TYPES,
     as_list,
     as_map,
+    config_list,
     containers,
     dig,
     has_key,
@@ -61,8 +62,8 @@ EBPF_AGENT_HOST_PATHS = [
 ]
 """bpffs, the cgroup2 root, the kubelet log dirs, and CUDA library files (an entry ending in `/` is a
 prefix): exactly what components/ebpf_agent_spec.py `volumes_and_mounts` may mount."""
-ROOT_IMAGES = ["vllm/vllm-openai", "docker.io/vllm/vllm-openai"]
-"""Images that must run as root (the vLLM OpenAI image has no non-root user)."""
+ROOT_IMAGES = ["vllm/vllm-openai"]
+"""Image repositories (any registry) that must run as root (the vLLM OpenAI image has no non-root user)."""
 AGENT_SECCOMP = ("RuntimeDefault", "Localhost", "Unconfined")
 RESTRICTED_SECCOMP = ("RuntimeDefault", "Localhost")
 
@@ -91,9 +92,13 @@ def path_allowed(path: str, allowed: list[str]) -> bool:
 
 
 def image_repository(image: str) -> str:
+    """`vllm/vllm-openai` for `vllm/vllm-openai:v1`, `docker.io/vllm/vllm-openai@sha256:...` or a mirror's
+    `registry.example.com/vllm/vllm-openai:v1` (the registry is the registry rule's concern)."""
     ref = image.split("@", 1)[0]
     head, _, last = ref.rpartition("/")
-    return f"{head}/{last.split(':', 1)[0]}" if head else last.split(":", 1)[0]
+    repo = f"{head}/{last.split(':', 1)[0]}" if head else last.split(":", 1)[0]
+    first, _, rest = repo.partition("/")
+    return rest if rest and ("." in first or ":" in first or first == "localhost") else repo
 
 
 def pod_level_problems(spec: Mapping[str, Any], agent: bool, host_paths: list[str]) -> list[str]:
@@ -156,10 +161,10 @@ def workload_pod_security_restricted(args: ResourceValidationArgs, report_violat
     cfg = args.get_config() or {}
     agent = is_ebpf_agent(args.resource_type, args.props, cfg)
     spec = as_map(pod_spec(args.resource_type, args.props))
-    host_paths = [str(p) for p in as_list(cfg.get("allowedHostPaths") or DEFAULT_HOST_PATHS)]
+    host_paths = config_list(cfg, "allowedHostPaths", DEFAULT_HOST_PATHS)
     if agent:
-        host_paths += [str(p) for p in as_list(cfg.get("ebpfAgentHostPaths") or EBPF_AGENT_HOST_PATHS)]
-    root_images = [str(i) for i in as_list(cfg.get("rootImages") or ROOT_IMAGES)]
+        host_paths += config_list(cfg, "ebpfAgentHostPaths", EBPF_AGENT_HOST_PATHS)
+    root_images = config_list(cfg, "rootImages", ROOT_IMAGES)
     who = "the eBPF agent" if agent else "pod"
     undecided = Undecided()
     with undecided.part("pod spec"):
