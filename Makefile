@@ -8,7 +8,9 @@ PY := $(VENV)/bin/python
 STACK ?= dev
 APT_PACKAGES := $(shell grep -hv '^\s*\#' bpf/apt-packages.txt 2>/dev/null)
 
-.PHONY: render test deps apt-deps bench policy-check golden clean
+POLICY_VENV := .policy-venv
+
+.PHONY: render test deps apt-deps bench policy-check policy-venv golden clean
 .DELETE_ON_ERROR:
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt constraints.txt
@@ -18,6 +20,15 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt constraints.txt
 	touch $@
 
 deps: $(VENV)/.installed
+
+# The policy pack's own environment, made from policies/requirements.txt alone (as the Pulumi CLI
+# makes it from PulumiPolicy.yaml); tests/test_policies_analyzer.py serves the pack from it.
+$(POLICY_VENV)/.installed: policies/requirements.txt constraints.txt
+	test -x $(POLICY_VENV)/bin/python || $(PYTHON) -m venv $(POLICY_VENV)
+	$(POLICY_VENV)/bin/python -m pip install --quiet -r policies/requirements.txt -c constraints.txt
+	touch $@
+
+policy-venv: $(POLICY_VENV)/.installed
 
 # The eBPF toolchain for the kernel tests (root only; the tests skip with a reason without it).
 apt-deps:
@@ -33,7 +44,7 @@ render: deps
 	$(PY) -m tools.render $(STACK)
 
 # pytest exits 5 when it collects no tests: say so loudly instead of failing obscurely.
-test: deps apt-deps
+test: deps apt-deps policy-venv
 	@$(PY) -m pytest; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 0; fi; exit $$rc
 
@@ -41,11 +52,12 @@ test: deps apt-deps
 golden: deps
 	$(PY) -m tools.golden --write
 
+# PREVIEW=1 checks the stack as a first `pulumi preview` sees it (computed outputs unknown).
 policy-check: deps
-	$(PY) -m tools.policy_check $(STACK)
+	$(PY) -m tools.policy_check $(STACK) $(if $(PREVIEW),--preview)
 
 bench: deps apt-deps
 	$(PY) bench/ebpf_sockmap_bench.py
 
 clean:
-	rm -rf out bpf/build .pytest_cache
+	rm -rf out bpf/build .pytest_cache $(POLICY_VENV)

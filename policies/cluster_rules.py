@@ -2,57 +2,80 @@
 
 from __future__ import annotations
 
-from pulumi_policy import EnforcementLevel, ReportViolation, ResourceValidationArgs, ResourceValidationPolicy
+from pulumi_policy import (
+    EnforcementLevel,
+    PolicyResource,
+    ReportViolation,
+    ResourceValidationArgs,
+    ResourceValidationPolicy,
+    StackValidationArgs,
+    StackValidationPolicy,
+)
 
 from policies.common import (
     EKS_CLUSTER,
     EKS_COMPONENT,
+    EKS_NODEGROUP,
     ENVIRONMENT_SCHEMA,
     GKE_CLUSTER,
     GKE_NODEPOOL,
+    KMS_KEY,
+    LAUNCH_TEMPLATE,
+    SQS_QUEUE,
     as_list,
     as_map,
     dig,
     environment,
+    has_key,
     is_unknown,
     truthy,
+    whole_number,
 )
+from policies.preview import Undecided
+
+# ---- EKS: the rules read the `aws:eks/cluster:Cluster` pulumi-eks registers --------------------
+#
+# `eks:index:Cluster` is a remote component: the engine analyzes the resources the eks provider
+# registers inside it (pulumi/pulumi-eks nodejs/eks/cluster/cluster.ts, `createCore`), and the
+# component itself may reach the pack with no inputs at all. So the EKS rules are decided on the
+# real `aws:eks/cluster:Cluster` and are not applicable to the component.
+
+EKS_COMPONENT_NOT_APPLICABLE = (
+    "checked on the aws:eks/cluster:Cluster that pulumi-eks registers inside this component"
+)
+
+
+def _eks_cluster(args: ResourceValidationArgs) -> bool:
+    if args.resource_type == EKS_COMPONENT:
+        args.not_applicable(EKS_COMPONENT_NOT_APPLICABLE)
+    return args.resource_type == EKS_CLUSTER
+
 
 # ---- aws-eks-cluster-secrets-encryption ------------------------------------------------------
 
 
 def eks_secrets_encryption(args: ResourceValidationArgs, report_violation: ReportViolation) -> None:
-    if args.resource_type == EKS_COMPONENT:
-        key = args.props.get("encryptionConfigKeyArn")
-        if not key:
-            report_violation(
-                "EKS cluster has no encryptionConfigKeyArn; create a customer-managed KMS key and pass "
-                "its ARN as encryption_config_key_arn so Kubernetes Secrets are envelope-encrypted"
-            )
-    elif args.resource_type == EKS_CLUSTER:
-        cfg = as_map(args.props.get("encryptionConfig"))
-        resources = [str(r) for r in as_list(cfg.get("resources"))]
-        key = dig(cfg, "provider", "keyArn")
-        if "secrets" not in resources or not key:
-            report_violation(
-                "EKS cluster has no encryptionConfig for 'secrets'; set encryption_config with "
-                "resources ['secrets'] and provider.key_arn of a customer-managed KMS key"
-            )
+    """`encryptionConfig` is unknown as a whole until the KMS key exists (pulumi-eks builds it in an
+    `apply` on the key ARN): the rule then says it cannot decide during preview, and decides at `up`."""
+    if not _eks_cluster(args):
+        return
+    cfg = as_map(args.props.get("encryptionConfig"))
+    resources = [str(r) for r in as_list(cfg.get("resources"))]
+    if "secrets" not in resources or not has_key(as_map(cfg.get("provider")), "keyArn"):
+        report_violation(
+            "EKS cluster has no encryptionConfig for 'secrets'; create a customer-managed KMS key and "
+            "pass its ARN to eks.Cluster as encryption_config_key_arn (config: clusters[].secrets_encryption)"
+        )
 
 
 # ---- aws-eks-cluster-private-endpoint (prod) --------------------------------------------------
 
 
 def eks_private_endpoint(args: ResourceValidationArgs, report_violation: ReportViolation) -> None:
-    if args.resource_type == EKS_COMPONENT:
-        private, public = args.props.get("endpointPrivateAccess"), args.props.get("endpointPublicAccess")
-    elif args.resource_type == EKS_CLUSTER:
-        vpc = as_map(args.props.get("vpcConfig"))
-        private, public = vpc.get("endpointPrivateAccess"), vpc.get("endpointPublicAccess")
-    else:
+    if not _eks_cluster(args) or environment(args.get_config()) != "prod":
         return
-    if environment(args.get_config()) != "prod" or is_unknown(private) or is_unknown(public):
-        return
+    vpc = as_map(args.props.get("vpcConfig"))
+    private, public = vpc.get("endpointPrivateAccess"), vpc.get("endpointPublicAccess")
     # Provider defaults: private access false, public access true.
     if truthy(private) is not True:
         report_violation(
@@ -64,6 +87,99 @@ def eks_private_endpoint(args: ResourceValidationArgs, report_violation: ReportV
             "EKS API endpoint is public in prod; set endpointPublicAccess: false and reach the API "
             "through the VPC (config: clusters[].endpoint.public_access: false)"
         )
+
+
+# ---- aws-eks-cluster-audit-logging -----------------------------------------------------------
+
+REQUIRED_EKS_LOG_TYPES = ("api", "audit", "authenticator")
+
+
+def eks_audit_logging(args: ResourceValidationArgs, report_violation: ReportViolation) -> None:
+    if not _eks_cluster(args):
+        return
+    enabled = {str(t) for t in as_list(args.props.get("enabledClusterLogTypes"))}
+    missing = [t for t in REQUIRED_EKS_LOG_TYPES if t not in enabled]
+    if missing:
+        report_violation(
+            f"EKS control-plane logging lacks {missing}; set enabledClusterLogTypes to include "
+            f"{list(REQUIRED_EKS_LOG_TYPES)} (eks.Cluster enabled_cluster_log_types) so API calls are audited"
+        )
+
+
+# ---- aws-kms-key-rotation --------------------------------------------------------------------
+
+
+def kms_key_rotation(args: ResourceValidationArgs, report_violation: ReportViolation) -> None:
+    if args.resource_type != KMS_KEY:
+        return
+    spec = args.props.get("customerMasterKeySpec") or args.props.get("keySpec") or "SYMMETRIC_DEFAULT"
+    if spec != "SYMMETRIC_DEFAULT":
+        return  # AWS rotates only symmetric encryption keys
+    if truthy(args.props.get("enableKeyRotation")) is not True:
+        report_violation(
+            "KMS key does not rotate its key material; set enable_key_rotation=True (the provider's "
+            "default is false)"
+        )
+
+
+# ---- aws-sqs-queue-encrypted -----------------------------------------------------------------
+
+
+def sqs_queue_encrypted(args: ResourceValidationArgs, report_violation: ReportViolation) -> None:
+    if args.resource_type != SQS_QUEUE:
+        return
+    if has_key(args.props, "kmsMasterKeyId") and args.props.get("kmsMasterKeyId"):
+        return
+    if truthy(args.props.get("sqsManagedSseEnabled")) is not True:
+        report_violation(
+            "SQS queue is not encrypted at rest; set sqs_managed_sse_enabled=True (or kms_master_key_id) "
+            "on the Karpenter interruption queue"
+        )
+
+
+# ---- aws-eks-nodegroup-imdsv2 (stack) ---------------------------------------------------------
+
+
+def _imds_problems(lt: PolicyResource) -> list[str]:
+    md = as_map(lt.props.get("metadataOptions"))
+    problems = []
+    if md.get("httpTokens") != "required":
+        problems.append(f"metadataOptions.httpTokens is {md.get('httpTokens')!r}, not 'required'")
+    hops = whole_number(md.get("httpPutResponseHopLimit"))
+    if hops != 1:
+        problems.append(f"metadataOptions.httpPutResponseHopLimit is {md.get('httpPutResponseHopLimit')!r}, not 1")
+    return problems
+
+
+def eks_nodegroup_imdsv2(args: StackValidationArgs, report_violation: ReportViolation) -> None:
+    undecided = Undecided()
+    for ng in args.resources:
+        if ng.resource_type != EKS_NODEGROUP:
+            continue
+        with undecided.part(f"node group {ng.name}"):
+            if not has_key(ng.props, "launchTemplate"):
+                report_violation(
+                    f"EKS node group '{ng.name}' has no launch template, so its nodes keep the AMI's "
+                    f"IMDS settings; give it an aws.ec2.LaunchTemplate with metadata_options "
+                    f"http_tokens='required' and http_put_response_hop_limit=1",
+                    ng.urn,
+                )
+                continue
+            templates = [d for d in ng.dependencies if d.resource_type == LAUNCH_TEMPLATE]
+            if not templates:
+                undecided.unknown(
+                    f"node group {ng.name}: its launch template is not in this stack, so its IMDS settings "
+                    f"cannot be checked"
+                )
+                continue
+            for lt in templates:
+                for problem in _imds_problems(lt):
+                    report_violation(
+                        f"EKS node group '{ng.name}' uses launch template '{lt.name}' whose {problem}; "
+                        f"require IMDSv2 tokens with a hop limit of 1 so pods cannot read node credentials",
+                        ng.urn,
+                    )
+    undecided.settle()
 
 
 # ---- gcp-gke-cluster-private-nodes -----------------------------------------------------------
@@ -84,6 +200,32 @@ def gke_private_nodes(args: ResourceValidationArgs, report_violation: ReportViol
                 "GKE node pool overrides the cluster with networkConfig.enablePrivateNodes: false; "
                 "remove the override or set it to true"
             )
+
+
+# ---- gcp-gke-cluster-control-plane-hardened -----------------------------------------------
+
+
+def gke_control_plane_hardened(args: ResourceValidationArgs, report_violation: ReportViolation) -> None:
+    """Legacy ABAC and client certificates off (both provider defaults, so only an explicit `true`
+    fails); the control plane reachable only privately or from authorized networks."""
+    if args.resource_type != GKE_CLUSTER:
+        return
+    if truthy(args.props.get("enableLegacyAbac")) is True:
+        report_violation("GKE cluster enables legacy ABAC; set enable_legacy_abac=False and authorize with RBAC")
+    if truthy(dig(args.props, "masterAuth", "clientCertificateConfig", "issueClientCertificate")) is True:
+        report_violation(
+            "GKE cluster issues client certificates; set master_auth.client_certificate_config."
+            "issue_client_certificate=False and authenticate with Google identities"
+        )
+    private = truthy(dig(args.props, "privateClusterConfig", "enablePrivateEndpoint")) is True
+    man = as_map(args.props.get("masterAuthorizedNetworksConfig"))
+    authorized = bool(as_list(man.get("cidrBlocks"))) and truthy(man.get("gcpPublicCidrsAccessEnabled")) is not True
+    if not private and not authorized:
+        report_violation(
+            "GKE control plane is reachable from any address; set private_cluster_config."
+            "enable_private_endpoint=True or master_authorized_networks_config with cidr_blocks "
+            "(and gcp_public_cidrs_access_enabled=False) (config: clusters[].master_authorized_cidrs)"
+        )
 
 
 # ---- gcp-gke-cluster-workload-identity -------------------------------------------------------
@@ -118,6 +260,30 @@ POLICIES = [
         validate=eks_secrets_encryption,
     ),
     ResourceValidationPolicy(
+        name="aws-eks-cluster-audit-logging",
+        description="EKS clusters send api, audit and authenticator control-plane logs to CloudWatch.",
+        enforcement_level=EnforcementLevel.MANDATORY,
+        validate=eks_audit_logging,
+    ),
+    ResourceValidationPolicy(
+        name="aws-kms-key-rotation",
+        description="Symmetric KMS keys rotate their key material yearly.",
+        enforcement_level=EnforcementLevel.MANDATORY,
+        validate=kms_key_rotation,
+    ),
+    ResourceValidationPolicy(
+        name="aws-sqs-queue-encrypted",
+        description="SQS queues (the Karpenter interruption queue) are encrypted at rest.",
+        enforcement_level=EnforcementLevel.MANDATORY,
+        validate=sqs_queue_encrypted,
+    ),
+    StackValidationPolicy(
+        name="aws-eks-nodegroup-imdsv2",
+        description="EKS managed node groups use a launch template that requires IMDSv2 with a hop limit of 1.",
+        enforcement_level=EnforcementLevel.MANDATORY,
+        validate=eks_nodegroup_imdsv2,
+    ),
+    ResourceValidationPolicy(
         name="aws-eks-cluster-private-endpoint",
         description="In prod the EKS API endpoint is private only.",
         enforcement_level=EnforcementLevel.MANDATORY,
@@ -129,6 +295,12 @@ POLICIES = [
         description="GKE clusters and node pools use private nodes.",
         enforcement_level=EnforcementLevel.MANDATORY,
         validate=gke_private_nodes,
+    ),
+    ResourceValidationPolicy(
+        name="gcp-gke-cluster-control-plane-hardened",
+        description="GKE clusters keep legacy ABAC and client certificates off and expose the control plane only privately or to authorized networks.",
+        enforcement_level=EnforcementLevel.MANDATORY,
+        validate=gke_control_plane_hardened,
     ),
     ResourceValidationPolicy(
         name="gcp-gke-cluster-workload-identity",

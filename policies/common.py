@@ -1,4 +1,6 @@
-"""Shared, pure helpers for the policy rules: tolerant property access, pod specs, quantities, flags.
+"""Shared, pure helpers for the policy rules: type tokens, tolerant property access, policy config,
+quantities, Helm and Karpenter accessors and the GPU catalog (pod and container helpers are in
+`workloads.py`).
 
 Every validator receives the resource's inputs as the engine sees them (camelCase, as
 `pulumi preview --policy-pack` passes them), so these helpers never assume a property is present.
@@ -11,13 +13,27 @@ from decimal import Decimal, InvalidOperation
 from functools import cache
 from pathlib import Path
 from collections.abc import Mapping, Sequence
-from typing import Any, Iterator, Optional
+from typing import Any, Optional
 
 import yaml
 from pulumi_policy import PolicyConfigSchema
+from pulumi_policy import proxy as _proxy
 
 UNKNOWN = "[unknown]"
 """How the offline harness renders a value that is unknown during preview."""
+
+ENGINE_UNKNOWNS = frozenset(
+    {
+        _proxy.UNKNOWN_BOOLEAN_VALUE,
+        _proxy.UNKNOWN_NUMBER_VALUE,
+        _proxy.UNKNOWN_STRING_VALUE,
+        _proxy.UNKNOWN_ARRAY_VALUE,
+        _proxy.UNKNOWN_ASSET_VALUE,
+        _proxy.UNKNOWN_ARCHIVE_VALUE,
+        _proxy.UNKNOWN_OBJECT_VALUE,
+    }
+)
+"""The sentinels the engine sends for unknown values (pulumi-policy 1.21.0 `proxy.py`)."""
 
 # ---- resource type tokens --------------------------------------------------------------------
 
@@ -39,6 +55,11 @@ EKS_CLUSTER = "aws:eks/cluster:Cluster"
 GKE_CLUSTER = "gcp:container/cluster:Cluster"
 GKE_NODEPOOL = "gcp:container/nodePool:NodePool"
 SQS_QUEUE = "aws:sqs/queue:Queue"
+KMS_KEY = "aws:kms/key:Key"
+EKS_NODEGROUP = "aws:eks/nodeGroup:NodeGroup"
+LAUNCH_TEMPLATE = "aws:ec2/launchTemplate:LaunchTemplate"
+CONFIGMAP = "kubernetes:core/v1:ConfigMap"
+NETWORK_POLICY = "kubernetes:networking.k8s.io/v1:NetworkPolicy"
 
 # Where each workload kind keeps its pod template (metadata + spec).
 POD_TEMPLATE_PATH: dict[str, tuple[str, ...]] = {
@@ -75,6 +96,12 @@ ENVIRONMENT_SCHEMA = PolicyConfigSchema(
         }
     }
 )
+
+
+def config_list(config: Mapping[str, Any] | None, key: str, default: list) -> list[str]:
+    """A list from the policy config; an explicitly empty list stays empty (no fallback to the default)."""
+    cfg = config or {}
+    return [str(x) for x in as_list(cfg[key])] if key in cfg else [str(x) for x in default]
 
 
 def environment(config: Mapping[str, Any]) -> str:
@@ -114,7 +141,13 @@ def as_map(value: Any) -> Mapping[str, Any]:
 
 
 def is_unknown(value: Any) -> bool:
-    return value == UNKNOWN
+    """An unknown value read without the CLI's proxies (they raise instead of returning one)."""
+    return isinstance(value, str) and (value == UNKNOWN or value in ENGINE_UNKNOWNS)
+
+
+def has_key(mapping: Any, key: str) -> bool:
+    """`key` is set, without reading its value (a proxied read of an unknown value raises)."""
+    return isinstance(mapping, Mapping) and any(k == key for k in mapping)
 
 
 def truthy(value: Any) -> Optional[bool]:
@@ -128,114 +161,6 @@ def truthy(value: Any) -> Optional[bool]:
 
 def object_name(props: Mapping[str, Any], fallback: str = "") -> str:
     return dig(props, "metadata", "name") or fallback
-
-
-# ---- pods and containers ---------------------------------------------------------------------
-
-
-def pod_template(resource_type: str, props: Mapping[str, Any]) -> Optional[Mapping[str, Any]]:
-    """The pod template (`{metadata, spec}`) of a workload, or None for other types."""
-    if resource_type not in POD_TEMPLATE_PATH:
-        return None
-    path = POD_TEMPLATE_PATH[resource_type]
-    tmpl = dig(props, *path) if path else props
-    return as_map(tmpl)
-
-
-def pod_spec(resource_type: str, props: Mapping[str, Any]) -> Optional[Mapping[str, Any]]:
-    tmpl = pod_template(resource_type, props)
-    return None if tmpl is None else as_map(tmpl.get("spec"))
-
-
-def containers(spec: Optional[Mapping[str, Any]]) -> Iterator[tuple[str, Mapping[str, Any]]]:
-    """Every container of a pod spec as (`containers[i]`-style path, container)."""
-    for key in ("initContainers", "containers", "ephemeralContainers"):
-        for i, c in enumerate(as_list(as_map(spec).get(key))):
-            if isinstance(c, Mapping):
-                yield f"{key}[{i}] '{c.get('name', '?')}'", c
-
-
-def command_line(container: Mapping[str, Any]) -> list[str]:
-    return [str(x) for x in as_list(container.get("command")) + as_list(container.get("args"))]
-
-
-def flag_value(argv: list[str], flag: str) -> Optional[str]:
-    """The value of `--flag N` or `--flag=N` (last one wins, as argparse does), else None."""
-    value = None
-    for i, arg in enumerate(argv):
-        if arg == flag and i + 1 < len(argv):
-            value = argv[i + 1]
-        elif arg.startswith(flag + "="):
-            value = arg[len(flag) + 1 :]
-    return value
-
-
-def gpu_request(container: Mapping[str, Any]) -> Optional[Decimal]:
-    """GPUs a container asks for (limits first, as the device plugin reads them), else None."""
-    res = as_map(container.get("resources"))
-    for part in ("limits", "requests"):
-        q = as_map(res.get(part)).get(GPU_RESOURCE)
-        if q is not None:
-            return parse_quantity(q)
-    return None
-
-
-def is_gpu_container(container: Mapping[str, Any]) -> bool:
-    n = gpu_request(container)
-    return n is not None and n > 0
-
-
-def is_vllm_container(container: Mapping[str, Any]) -> bool:
-    image = str(container.get("image") or "")
-    repo = image.split("@", 1)[0].rsplit(":", 1)[0] if ":" in image.rsplit("/", 1)[-1] else image.split("@", 1)[0]
-    argv = command_line(container)
-    return (
-        repo.rsplit("/", 1)[-1] in ("vllm-openai", "vllm")
-        or (bool(argv) and argv[0] == "vllm")
-        or any("vllm.entrypoints" in a for a in argv)
-    )
-
-
-def serving_container(resource_type: str, props: Mapping[str, Any]) -> Optional[Mapping[str, Any]]:
-    """The vLLM container of a serving Deployment, or None if this is not one."""
-    if resource_type != DEPLOYMENT:
-        return None
-    spec = as_map(pod_spec(resource_type, props))
-    for c in as_list(spec.get("containers")):
-        if isinstance(c, Mapping) and is_vllm_container(c):
-            return c
-    return None
-
-
-def template_labels(resource_type: str, props: Mapping[str, Any]) -> Mapping[str, Any]:
-    return as_map(dig(pod_template(resource_type, props), "metadata", "labels"))
-
-
-def namespace_of(props: Mapping[str, Any]) -> str:
-    return dig(props, "metadata", "namespace") or "default"
-
-
-# ---- images ----------------------------------------------------------------------------------
-
-_DIGEST = re.compile(r"@sha256:[0-9a-f]{64}$")
-
-
-def image_problem(image: Any) -> Optional[str]:
-    """Why an image reference is not pinned, or None when it is (a non-`latest` tag or a digest)."""
-    if image is None or image == "":
-        return "has no image"
-    if is_unknown(image):
-        return None
-    image = str(image)
-    if "@" in image:
-        return None if _DIGEST.search(image) else f"image '{image}' has a malformed digest"
-    last = image.rsplit("/", 1)[-1]
-    if ":" not in last:
-        return f"image '{image}' has no tag (it resolves to 'latest')"
-    tag = last.rsplit(":", 1)[1]
-    if tag == "latest" or tag == "":
-        return f"image '{image}' uses the 'latest' tag"
-    return None
 
 
 # ---- quantities ------------------------------------------------------------------------------

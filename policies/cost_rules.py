@@ -12,6 +12,7 @@ from pulumi_policy import (
     StackValidationPolicy,
 )
 
+from policies.preview import Undecided
 from policies.scope import ClusterScope, GpuPool, gpu_pools
 
 DEFAULT_MAX_ON_DEMAND_SHARE = 0.5
@@ -64,7 +65,8 @@ def gpu_capacity(pools: list[GpuPool], scope: ClusterScope) -> GpuCapacity:
     unbounded = []
     for p in pools:
         if p.max_gpus is None:
-            unbounded.append(p.resource.name)
+            if p.kind != "karpenter":
+                unbounded.append(p.resource.name)
             continue
         if p.capacity == "spot":
             spot += p.max_gpus
@@ -79,7 +81,12 @@ def stack_on_demand_gpu_share(args: StackValidationArgs, report_violation: Repor
     cfg = args.get_config() or {}
     limit = float(cfg.get("maxOnDemandGpuShare", DEFAULT_MAX_ON_DEMAND_SHARE))
     count_fallback = bool(cfg.get("countFallback", False))
-    cap = gpu_capacity(gpu_pools(args.resources), ClusterScope(args.resources))
+    undecided = Undecided()
+    pools = []
+    for r in args.resources:
+        with undecided.part(f"{r.resource_type} {r.name}"):
+            pools += gpu_pools([r])
+    cap = gpu_capacity(pools, ClusterScope(args.resources))
     share = cap.on_demand_share(count_fallback)
     if share > limit:
         od = cap.on_demand + (cap.fallback if count_fallback else 0)
@@ -89,10 +96,12 @@ def stack_on_demand_gpu_share(args: StackValidationArgs, report_violation: Repor
             f"on-demand fallback, or raise maxOnDemandGpuShare for this stack"
         )
     if cap.unbounded:
+        # Karpenter NodePools without a GPU limit are the mandatory karpenter-nodepool-gpu-limit's.
         report_violation(
             f"GPU pools {list(cap.unbounded)} have no GPU limit, so their cost is unbounded; set "
-            f"spec.limits['nvidia.com/gpu'] (Karpenter) or autoscaling max nodes (GKE)"
+            f"autoscaling max nodes (GKE)"
         )
+    undecided.settle()
 
 
 POLICIES = [

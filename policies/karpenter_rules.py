@@ -16,6 +16,8 @@ from pulumi_policy import (
 from policies.common import (
     EC2NODECLASS,
     ENVIRONMENT_SCHEMA,
+    GPU_RESOURCE,
+    has_key,
     NODEPOOL,
     as_list,
     as_map,
@@ -29,7 +31,8 @@ from policies.common import (
     object_name,
     truthy,
 )
-from policies.scope import ClusterScope
+from policies.preview import Undecided
+from policies.scope import ClusterScope, karpenter_gpu_models
 
 KARPENTER_CHART = "karpenter"
 
@@ -43,14 +46,28 @@ def interruption_queue_of(values: Mapping[str, Any]) -> Any:
 
 def nodepool_interruption_queue(args: StackValidationArgs, report_violation: ReportViolation) -> None:
     scope = ClusterScope(args.resources)
-    releases = [r for r in args.resources if is_helm_chart(r.resource_type, r.props, KARPENTER_CHART)]
+    undecided = Undecided()
+    releases = []
+    for r in args.resources:
+        with undecided.part(f"Helm release {r.name}"):
+            if is_helm_chart(r.resource_type, r.props, KARPENTER_CHART):
+                releases.append((r, interruption_queue_of(as_map(r.props.get("values")))))
     for np in args.resources:
-        if np.resource_type != NODEPOOL or "spot" not in nodepool_capacity_types(np.props):
+        if np.resource_type != NODEPOOL:
             continue
-        mine = [r for r in releases if scope.same(np, r)]
-        queues = [interruption_queue_of(as_map(r.props.get("values"))) for r in mine]
-        if any(q and (is_unknown(q) or str(q).strip()) for q in queues):
-            continue
+        with undecided.part(f"NodePool {np.name}"):
+            _check_queue(np, releases, scope, report_violation)
+    undecided.settle()
+
+
+def _check_queue(np, releases, scope: ClusterScope, report_violation: ReportViolation) -> None:
+    if True:
+        if "spot" not in nodepool_capacity_types(np.props):
+            return
+        mine = [r for r, _ in releases if scope.same(np, r)]
+        queues = [q for r, q in releases if scope.same(np, r)]
+        if any(q and str(q).strip() for q in queues):
+            return
         where = "the Karpenter Helm release sets no settings.interruptionQueue" if mine else "no Karpenter Helm release was found in its cluster"
         report_violation(
             f"spot NodePool '{object_name(np.props, np.name)}' needs spot interruption handling but "
@@ -68,10 +85,18 @@ def nodepool_on_demand_fallback(args: StackValidationArgs, report_violation: Rep
         return
     scope = ClusterScope(args.resources)
     pools = [r for r in args.resources if r.resource_type == NODEPOOL]
+    undecided = Undecided()
     for np in pools:
+        with undecided.part(f"NodePool {np.name}"):
+            _check_fallback(np, pools, scope, report_violation)
+    undecided.settle()
+
+
+def _check_fallback(np, pools, scope: ClusterScope, report_violation: ReportViolation) -> None:
+    if True:
         caps = nodepool_capacity_types(np.props)
         if "spot" not in caps or "on-demand" in caps:
-            continue  # a NodePool allowing both falls back to on-demand by itself
+            return  # a NodePool allowing both falls back to on-demand by itself
         label = nodepool_pool_label(np.props)
         name = object_name(np.props, np.name)
         fallbacks = [
@@ -97,6 +122,34 @@ def nodepool_on_demand_fallback(args: StackValidationArgs, report_violation: Rep
                 f"the spot NodePool the higher spec.weight so Karpenter tries spot first",
                 np.urn,
             )
+
+
+# ---- karpenter-nodepool-gpu-limit ------------------------------------------------------------
+
+GPU_REQUIREMENT_KEYS = ("karpenter.k8s.aws/instance-gpu-count", "karpenter.k8s.aws/instance-gpu-name",
+                        "karpenter.k8s.aws/instance-gpu-manufacturer")
+
+
+def is_gpu_nodepool(props) -> bool:
+    """A NodePool that can launch GPU nodes: it tolerates-by-taint nvidia.com/gpu, selects GPU instance
+    attributes, or lists instance types/families the GPU catalog knows."""
+    tmpl = as_map(dig(props, "spec", "template", "spec"))
+    if any(as_map(t).get("key") == GPU_RESOURCE for t in as_list(tmpl.get("taints"))):
+        return True
+    if any(as_map(r).get("key") in GPU_REQUIREMENT_KEYS for r in as_list(tmpl.get("requirements"))):
+        return True
+    return bool(karpenter_gpu_models(props))
+
+
+def nodepool_gpu_limit(args: ResourceValidationArgs, report_violation: ReportViolation) -> None:
+    if args.resource_type != NODEPOOL or not is_gpu_nodepool(args.props):
+        return
+    limits = as_map(dig(args.props, "spec", "limits"))
+    if not has_key(limits, GPU_RESOURCE):
+        report_violation(
+            f"GPU NodePool '{object_name(args.props, args.name)}' sets no spec.limits['{GPU_RESOURCE}'], so "
+            f"Karpenter may launch GPU nodes without bound; set it to the pool's max_nodes x GPUs per node"
+        )
 
 
 # ---- karpenter-ec2nodeclass-imdsv2 -----------------------------------------------------------
@@ -154,6 +207,12 @@ POLICIES = [
         enforcement_level=EnforcementLevel.MANDATORY,
         validate=nodepool_on_demand_fallback,
         config_schema=ENVIRONMENT_SCHEMA,
+    ),
+    ResourceValidationPolicy(
+        name="karpenter-nodepool-gpu-limit",
+        description="GPU Karpenter NodePools cap their GPUs with spec.limits['nvidia.com/gpu'].",
+        enforcement_level=EnforcementLevel.MANDATORY,
+        validate=nodepool_gpu_limit,
     ),
     ResourceValidationPolicy(
         name="karpenter-ec2nodeclass-imdsv2",

@@ -4,12 +4,23 @@ from __future__ import annotations
 
 from pulumi_policy import Policy
 
-from policies import cilium_rules, cluster_rules, cost_rules, karpenter_rules, kubernetes_rules, serving_rules
+from policies import (
+    cilium_rules,
+    cluster_rules,
+    cost_rules,
+    karpenter_rules,
+    kubernetes_rules,
+    pod_security_rules,
+    secret_rules,
+    serving_rules,
+)
 
 PACK_NAME = "gpu-serving"
 
 POLICIES: list[Policy] = [
     *kubernetes_rules.POLICIES,
+    *pod_security_rules.POLICIES,
+    *secret_rules.POLICIES,
     *serving_rules.POLICIES,
     *karpenter_rules.POLICIES,
     *cluster_rules.POLICIES,

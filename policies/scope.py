@@ -29,9 +29,9 @@ from policies.common import (
     nodepool_pool_label,
     nodepool_weight,
     parse_quantity,
-    pod_spec,
     truthy,
 )
+from policies.workloads import pod_spec
 
 class ClusterScope:
     def __init__(self, resources: Iterable[PolicyResource]):
@@ -70,7 +70,7 @@ class GpuPool:
     weight: int = 0
 
 
-def _karpenter_models(props: Mapping[str, Any]) -> dict[str, bool]:
+def karpenter_gpu_models(props: Mapping[str, Any]) -> dict[str, bool]:
     reqs = {r.get("key"): r for r in as_list(dig(props, "spec", "template", "spec", "requirements")) if isinstance(r, Mapping)}
     aws = as_map(gpu_catalog().get("aws"))
     names: set[str] = set()
@@ -137,7 +137,7 @@ def gpu_pools(resources: Iterable[PolicyResource]) -> list[GpuPool]:
                     capacity="spot" if "spot" in caps else "on-demand",
                     pool_label=nodepool_pool_label(r.props),
                     max_gpus=None if limit is None else int(limit),
-                    models=_karpenter_models(r.props),
+                    models=karpenter_gpu_models(r.props),
                     weight=nodepool_weight(r.props),
                 )
             )

@@ -16,20 +16,26 @@ from pulumi_policy import (
 
 from policies.common import (
     DEPLOYMENT,
+    NETWORK_POLICY,
     PDB,
     PRESTOP_ANNOTATION,
     as_list,
     as_map,
-    command_line,
     dig,
-    flag_value,
+    has_key,
     is_unknown,
+    truthy,
+    whole_number,
+)
+from policies.workloads import (
+    command_line,
+    flag_value,
     namespace_of,
     pod_template,
     serving_container,
     template_labels,
-    whole_number,
 )
+from policies.preview import Undecided
 from policies.scope import ClusterScope, gpu_models_for_pod
 
 K8S_DEFAULT_TGPS = 30
@@ -164,10 +170,21 @@ def selector_matches(selector: Mapping[str, Any], labels: Mapping[str, Any]) -> 
     return True
 
 
-def serving_deployments(resources: Iterable[PolicyResource]) -> list[tuple[PolicyResource, Mapping[str, Any]]]:
+def serving_deployments(
+    resources: Iterable[PolicyResource], undecided: Optional[Undecided] = None
+) -> list[tuple[PolicyResource, Mapping[str, Any]]]:
+    """The serving Deployments and their vLLM containers; one whose containers are unknown during
+    preview is recorded in `undecided` (when given) instead of stopping the stack rule."""
     out = []
     for r in resources:
-        c = serving_container(r.resource_type, r.props)
+        if r.resource_type != DEPLOYMENT:
+            continue
+        if undecided is None:
+            c = serving_container(r.resource_type, r.props)
+        else:
+            c = None
+            with undecided.part(f"Deployment {r.name}"):
+                c = serving_container(r.resource_type, r.props)
         if c is not None:
             out.append((r, c))
     return out
@@ -176,7 +193,15 @@ def serving_deployments(resources: Iterable[PolicyResource]) -> list[tuple[Polic
 def serving_pdb(args: StackValidationArgs, report_violation: ReportViolation) -> None:
     scope = ClusterScope(args.resources)
     pdbs = [r for r in args.resources if r.resource_type == PDB]
-    for dep, _ in serving_deployments(args.resources):
+    undecided = Undecided()
+    for dep, _ in serving_deployments(args.resources, undecided):
+        with undecided.part(f"Deployment {dep.name}"):
+            _check_pdb(dep, pdbs, scope, report_violation)
+    undecided.settle()
+
+
+def _check_pdb(dep: PolicyResource, pdbs: list[PolicyResource], scope: ClusterScope, report_violation: ReportViolation) -> None:
+    if True:
         labels = template_labels(dep.resource_type, dep.props)
         ns = namespace_of(dep.props)
         covering = [
@@ -193,7 +218,7 @@ def serving_pdb(args: StackValidationArgs, report_violation: ReportViolation) ->
                 f"consolidation cannot evict every replica at once",
                 dep.urn,
             )
-            continue
+            return
         if not any(
             dig(p.props, "spec", "maxUnavailable") is not None or dig(p.props, "spec", "minAvailable") is not None
             for p in covering
@@ -210,19 +235,102 @@ def serving_pdb(args: StackValidationArgs, report_violation: ReportViolation) ->
 
 def serving_fp8_kv_cache(args: StackValidationArgs, report_violation: ReportViolation) -> None:
     scope = ClusterScope(args.resources)
-    for dep, c in serving_deployments(args.resources):
-        dtype = flag_value(command_line(c), "--kv-cache-dtype")
-        if not dtype or not str(dtype).startswith("fp8"):
-            continue
-        models = gpu_models_for_pod(dep, args.resources, scope)
-        lacking = sorted(m for m, fp8 in models.items() if not fp8)
-        if lacking:
-            report_violation(
-                f"serving Deployment '{dep.name}' uses --kv-cache-dtype {dtype} but can schedule on "
-                f"{', '.join(lacking)}, which has no FP8 support; restrict it to FP8 GPUs (L4, L40S, "
-                f"H100, H200) or use --kv-cache-dtype auto",
-                dep.urn,
-            )
+    undecided = Undecided()
+    for dep, c in serving_deployments(args.resources, undecided):
+        with undecided.part(f"Deployment {dep.name}"):
+            dtype = flag_value(command_line(c), "--kv-cache-dtype")
+            if not dtype or not str(dtype).startswith("fp8"):
+                continue
+            models = gpu_models_for_pod(dep, args.resources, scope)
+            lacking = sorted(m for m, fp8 in models.items() if not fp8)
+            if lacking:
+                report_violation(
+                    f"serving Deployment '{dep.name}' uses --kv-cache-dtype {dtype} but can schedule on "
+                    f"{', '.join(lacking)}, which has no FP8 support; restrict it to FP8 GPUs (L4, L40S, "
+                    f"H100, H200) or use --kv-cache-dtype auto",
+                    dep.urn,
+                )
+    undecided.settle()
+
+
+# ---- kubernetes-serving-pod-no-service-account-token ------------------------------------------
+
+
+def serving_no_service_account_token(args: ResourceValidationArgs, report_violation: ReportViolation) -> None:
+    if serving_container(args.resource_type, args.props) is None:
+        return
+    spec = as_map(dig(pod_template(DEPLOYMENT, args.props), "spec"))
+    if truthy(spec.get("automountServiceAccountToken")) is not False:
+        report_violation(
+            "serving pods mount a Kubernetes API token they never use; set the pod template's "
+            "automountServiceAccountToken: false"
+        )
+
+
+# ---- kubernetes-pdb-allows-disruption --------------------------------------------------------
+
+
+def pdb_allows_disruption(args: ResourceValidationArgs, report_violation: ReportViolation) -> None:
+    """maxUnavailable 0 (or 0%) or minAvailable 100% blocks every eviction: node drains, Karpenter
+    consolidation and spot replacement all wait on it forever."""
+    if args.resource_type != PDB:
+        return
+    spec = as_map(args.props.get("spec"))
+    mu = spec.get("maxUnavailable") if has_key(spec, "maxUnavailable") else None
+    ma = spec.get("minAvailable") if has_key(spec, "minAvailable") else None
+    if mu is not None and str(mu).strip() in ("0", "0%"):
+        report_violation(
+            "PodDisruptionBudget sets maxUnavailable 0, so no pod can ever be evicted and every node drain "
+            "and consolidation blocks; set maxUnavailable: 1"
+        )
+    if ma is not None and str(ma).strip() == "100%":
+        report_violation(
+            "PodDisruptionBudget sets minAvailable 100%, so no pod can ever be evicted and every node drain "
+            "and consolidation blocks; use maxUnavailable: 1 instead"
+        )
+
+
+# ---- kubernetes-serving-namespace-default-deny (stack) ----------------------------------------
+
+
+def is_default_deny_ingress(props: Mapping[str, Any]) -> bool:
+    """A NetworkPolicy selecting every pod (`podSelector: {}`) for Ingress with no ingress rules."""
+    spec = as_map(props.get("spec"))
+    selector = as_map(spec.get("podSelector"))
+    types = [str(t) for t in as_list(spec.get("policyTypes"))]
+    return (
+        not as_map(selector.get("matchLabels"))
+        and not as_list(selector.get("matchExpressions"))
+        and "Ingress" in types
+        and not as_list(spec.get("ingress"))
+    )
+
+
+def serving_namespace_default_deny(args: StackValidationArgs, report_violation: ReportViolation) -> None:
+    scope = ClusterScope(args.resources)
+    undecided = Undecided()
+    policies = []
+    for r in args.resources:
+        if r.resource_type == NETWORK_POLICY:
+            with undecided.part(f"NetworkPolicy {r.name}"):
+                if is_default_deny_ingress(r.props):
+                    policies.append((r, namespace_of(r.props)))
+    reported: set[tuple[str, Any]] = set()
+    for dep, _ in serving_deployments(args.resources, undecided):
+        with undecided.part(f"Deployment {dep.name}"):
+            ns = namespace_of(dep.props)
+            key = (str(scope.key(dep)), ns)
+            if key in reported:
+                continue
+            if not any(scope.same(dep, p) and p_ns == ns for p, p_ns in policies):
+                reported.add(key)
+                report_violation(
+                    f"serving namespace '{ns}' has no default-deny ingress NetworkPolicy; add one "
+                    f"(podSelector: {{}}, policyTypes: [Ingress], no rules) and allow only the clients and "
+                    f"Prometheus explicitly",
+                    dep.urn,
+                )
+    undecided.settle()
 
 
 POLICIES = [
@@ -249,6 +357,24 @@ POLICIES = [
         description="Every serving Deployment has a PodDisruptionBudget selecting its pods.",
         enforcement_level=EnforcementLevel.MANDATORY,
         validate=serving_pdb,
+    ),
+    ResourceValidationPolicy(
+        name="kubernetes-serving-pod-no-service-account-token",
+        description="Serving pods do not mount a Kubernetes API token.",
+        enforcement_level=EnforcementLevel.MANDATORY,
+        validate=serving_no_service_account_token,
+    ),
+    ResourceValidationPolicy(
+        name="kubernetes-pdb-allows-disruption",
+        description="PodDisruptionBudgets allow at least one eviction, so drains and consolidation can proceed.",
+        enforcement_level=EnforcementLevel.MANDATORY,
+        validate=pdb_allows_disruption,
+    ),
+    StackValidationPolicy(
+        name="kubernetes-serving-namespace-default-deny",
+        description="Every namespace with serving Deployments has a default-deny ingress NetworkPolicy.",
+        enforcement_level=EnforcementLevel.MANDATORY,
+        validate=serving_namespace_default_deny,
     ),
     StackValidationPolicy(
         name="kubernetes-serving-fp8-kv-cache-gpu",

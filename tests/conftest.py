@@ -6,13 +6,14 @@ import pytest
 
 from tools.offline import ProgramRun, available_stacks, run_program
 
-_RUNS: dict[str, ProgramRun] = {}
+_RUNS: dict[tuple[str, bool], ProgramRun] = {}
 
 
-def stack_run(stack: str) -> ProgramRun:
-    if stack not in _RUNS:
-        _RUNS[stack] = run_program(stack)
-    return _RUNS[stack]
+def stack_run(stack: str, preview: bool = False) -> ProgramRun:
+    """`preview`: as a first `pulumi preview` of a fresh stack (computed outputs unknown)."""
+    if (stack, preview) not in _RUNS:
+        _RUNS[(stack, preview)] = run_program(stack, preview=preview)
+    return _RUNS[(stack, preview)]
 
 
 @pytest.fixture(scope="session")
@@ -23,6 +24,12 @@ def dev_run() -> ProgramRun:
 @pytest.fixture(scope="session")
 def prod_run() -> ProgramRun:
     return stack_run("prod")
+
+
+@pytest.fixture(scope="session", params=available_stacks())
+def any_preview_run(request) -> ProgramRun:
+    """Every stack as a first `pulumi preview` sees it."""
+    return stack_run(request.param, preview=True)
 
 
 @pytest.fixture(scope="session", params=available_stacks())

@@ -27,6 +27,9 @@ DAEMONSET = "kubernetes:apps/v1:DaemonSet"
 NODECLASS = "kubernetes:karpenter.k8s.aws/v1:EC2NodeClass"
 RELEASE = "kubernetes:helm.sh/v3:Release"
 PDB = "kubernetes:policy/v1:PodDisruptionBudget"
+EKS_CLUSTER = "aws:eks/cluster:Cluster"
+CONFIGMAP = "kubernetes:core/v1:ConfigMap"
+NETPOL = "kubernetes:networking.k8s.io/v1:NetworkPolicy"
 
 
 def violations_for(run: ProgramRun) -> list[Violation]:
@@ -200,6 +203,11 @@ def _drop_shm(c):
     c["volumeMounts"] = [m for m in c["volumeMounts"] if m["mountPath"] != "/dev/shm"]
 
 
+def _public_gke_control_plane(props):
+    props["privateClusterConfig"]["enablePrivateEndpoint"] = False
+    props["masterAuthorizedNetworksConfig"]["gcpPublicCidrsAccessEnabled"] = True
+
+
 def _on_demand_for(label):
     return lambda r: r.props["spec"]["template"]["metadata"]["labels"].get("gpuinfra.io/pool") == label and "on-demand" in json.dumps(r.props["spec"]["template"]["spec"]["requirements"])
 
@@ -208,14 +216,14 @@ BREAKS = [
     # rule, stack, type, pred, mutation, message fragment
     ("kubernetes-workload-image-pinned", "prod", DEPLOYMENT, _serving, _vllm_edit(lambda c: c.update(image="vllm/vllm-openai:latest")), "'latest' tag"),
     ("kubernetes-workload-image-pinned", "dev", DEPLOYMENT, _serving, _vllm_edit(lambda c: c.update(image="vllm/vllm-openai")), "no tag"),
-    ("kubernetes-helm-release-version-pinned", "prod", RELEASE, lambda r: r.props.get("chart") == "cilium", _delete(["version"]), "no pinned version"),
+    ("kubernetes-helm-release-version-pinned", "prod", RELEASE, lambda r: r.props.get("chart") == "cilium", _delete(["version"]), "has no version"),
     ("kubernetes-gpu-container-resources", "prod", DEPLOYMENT, _serving, _vllm_edit(_drop_shm), "/dev/shm"),
     ("kubernetes-gpu-container-resources", "dev", DEPLOYMENT, _serving, _vllm_edit(lambda c: c["resources"]["requests"].update(cpu="5500m")), "fractional cpu"),
     ("kubernetes-gpu-container-resources", "dev", DEPLOYMENT, _serving, _vllm_edit(lambda c: c["resources"]["limits"].update(memory="48Gi")), "!= limits"),
-    ("kubernetes-gpu-container-resources", "dev", DEPLOYMENT, _serving, _vllm_edit(lambda c: c["resources"].pop("requests")), "has no cpu requests"),
+    ("kubernetes-gpu-container-resources", "dev", DEPLOYMENT, _serving, _vllm_edit(lambda c: c["resources"].pop("limits")), "has no cpu limit"),
     ("kubernetes-workload-no-privileged", "prod", DEPLOYMENT, _serving, _vllm_edit(lambda c: c.setdefault("securityContext", {}).update(privileged=True)), "runs privileged"),
-    ("kubernetes-workload-capabilities-allowlist", "prod", DEPLOYMENT, _serving, _vllm_edit(lambda c: c["securityContext"].update(capabilities={"add": ["NET_ADMIN"]})), "only the eBPF agent"),
-    ("kubernetes-workload-capabilities-allowlist", "prod", DAEMONSET, _agent, _agent_edit(lambda c: c["securityContext"]["capabilities"]["add"].append("SYS_ADMIN")), "['SYS_ADMIN'] not allowed for the eBPF agent"),
+    ("kubernetes-workload-capabilities-allowlist", "prod", DEPLOYMENT, _serving, _vllm_edit(lambda c: c["securityContext"].update(capabilities={"add": ["NET_ADMIN"], "drop": ["ALL"]})), "only the eBPF agent"),
+    ("kubernetes-workload-capabilities-allowlist", "prod", DAEMONSET, _agent, _agent_edit(lambda c: c["securityContext"]["capabilities"]["add"].append("SYS_MODULE")), "['SYS_MODULE'] not allowed for the eBPF agent"),
     ("kubernetes-workload-no-privileged", "prod", DAEMONSET, _agent, _agent_edit(lambda c: c["securityContext"].update(privileged=True)), "runs privileged"),
     ("kubernetes-workload-no-plaintext-secrets", "prod", DEPLOYMENT, _serving, _vllm_edit(_env_set("HF_TOKEN", "hf_" + "a" * 34)), "secretKeyRef"),
     ("kubernetes-workload-no-plaintext-secrets", "dev", DEPLOYMENT, _serving, _vllm_edit(lambda c: c["args"].extend(["--hf-token", "hf_" + "b" * 34])), "--hf-token"),
@@ -230,8 +238,29 @@ BREAKS = [
     ("karpenter-ec2nodeclass-imdsv2", "prod", NODECLASS, lambda r: True, _set(["spec", "metadataOptions", "httpTokens"], "optional"), "'required'"),
     ("karpenter-ec2nodeclass-imdsv2", "dev", NODECLASS, lambda r: True, _set(["spec", "metadataOptions", "httpPutResponseHopLimit"], 2), "set it to 1"),
     ("karpenter-ec2nodeclass-encrypted-volumes", "prod", NODECLASS, lambda r: True, _set(["spec", "blockDeviceMappings", 0, "ebs", "encrypted"], False), "ebs.encrypted"),
-    ("aws-eks-cluster-secrets-encryption", "prod", "eks:index:Cluster", lambda r: True, _delete(["encryptionConfigKeyArn"]), "encryptionConfigKeyArn"),
-    ("aws-eks-cluster-private-endpoint", "prod", "eks:index:Cluster", lambda r: True, _set(["endpointPublicAccess"], True), "endpointPublicAccess: false"),
+    ("aws-eks-cluster-secrets-encryption", "prod", EKS_CLUSTER, lambda r: True, _delete(["encryptionConfig"]), "encryption_config_key_arn"),
+    ("aws-eks-cluster-private-endpoint", "prod", EKS_CLUSTER, lambda r: True, _set(["vpcConfig", "endpointPublicAccess"], True), "endpointPublicAccess: false"),
+    ("aws-eks-cluster-audit-logging", "dev", EKS_CLUSTER, lambda r: True, _set(["enabledClusterLogTypes"], ["api", "authenticator"]), "['audit']"),
+    ("aws-kms-key-rotation", "prod", "aws:kms/key:Key", lambda r: True, _set(["enableKeyRotation"], False), "enable_key_rotation"),
+    ("aws-sqs-queue-encrypted", "dev", "aws:sqs/queue:Queue", lambda r: True, _set(["sqsManagedSseEnabled"], False), "sqs_managed_sse_enabled"),
+    ("aws-eks-nodegroup-imdsv2", "prod", "aws:ec2/launchTemplate:LaunchTemplate", lambda r: True, _set(["metadataOptions", "httpTokens"], "optional"), "'required'"),
+    ("aws-eks-nodegroup-imdsv2", "dev", "aws:eks/nodeGroup:NodeGroup", lambda r: True, _delete(["launchTemplate"]), "no launch template"),
+    ("gcp-gke-cluster-control-plane-hardened", "prod", "gcp:container/cluster:Cluster", lambda r: True, _set(["enableLegacyAbac"], True), "legacy ABAC"),
+    ("gcp-gke-cluster-control-plane-hardened", "prod", "gcp:container/cluster:Cluster", lambda r: True, _public_gke_control_plane, "any address"),
+    ("kubernetes-workload-image-registry-allowed", "prod", DEPLOYMENT, _serving, _vllm_edit(lambda c: c.update(image="registry.example.com/vllm/vllm-openai:v0.33.0")), "registry.example.com"),
+    ("kubernetes-workload-image-pinned", "prod", DEPLOYMENT, _serving, _vllm_edit(lambda c: c.update(image="vllm/vllm-openai:nightly")), "mutable tag"),
+    ("kubernetes-helm-release-version-pinned", "prod", RELEASE, lambda r: r.props.get("chart") == "cilium", _set(["version"], "~1.19.6"), "not an exact version"),
+    ("kubernetes-workload-pod-security-restricted", "prod", DEPLOYMENT, _serving, lambda p: p["spec"]["template"]["spec"]["initContainers"][0]["securityContext"].update(allowPrivilegeEscalation=True), "allowPrivilegeEscalation"),
+    ("kubernetes-workload-pod-security-restricted", "dev", DEPLOYMENT, _serving, _set(["spec", "template", "spec", "hostNetwork"], True), "hostNetwork"),
+    ("kubernetes-workload-pod-security-restricted", "prod", DAEMONSET, _agent, _set(["spec", "template", "spec", "hostIPC"], True), "hostIPC"),
+    ("kubernetes-workload-pod-security-restricted", "prod", DAEMONSET, _agent, lambda p: p["spec"]["template"]["spec"]["volumes"].append({"name": "etc", "hostPath": {"path": "/etc"}}), "hostPath '/etc'"),
+    ("kubernetes-workload-emptydir-size-limit", "prod", DEPLOYMENT, _serving, lambda p: p["spec"]["template"]["spec"]["volumes"][0]["emptyDir"].pop("sizeLimit"), "sizeLimit"),
+    ("kubernetes-configmap-no-secrets", "dev", CONFIGMAP, lambda r: True, _set(["data", "HF_TOKEN"], "hf_" + "e" * 34), "Kubernetes Secret"),
+    ("kubernetes-helm-release-no-plaintext-secrets", "prod", RELEASE, lambda r: str(r.props.get("chart", "")).endswith("/karpenter"), _set(["values", "webhook", "password"], "s3cr3t-value"), "webhook.password"),
+    ("kubernetes-pdb-allows-disruption", "prod", PDB, lambda r: True, _set(["spec", "maxUnavailable"], 0), "maxUnavailable 0"),
+    ("kubernetes-serving-pod-no-service-account-token", "prod", DEPLOYMENT, _serving, lambda p: p["spec"]["template"]["spec"].pop("automountServiceAccountToken"), "automountServiceAccountToken"),
+    ("kubernetes-serving-namespace-default-deny", "prod", NETPOL, lambda r: r.props["metadata"]["name"] == "default-deny-ingress", lambda props: "drop", "default-deny"),
+    ("karpenter-nodepool-gpu-limit", "prod", NODEPOOL, lambda r: True, _delete(["spec", "limits"]), "spec.limits['nvidia.com/gpu']"),
     ("gcp-gke-cluster-private-nodes", "prod", "gcp:container/cluster:Cluster", lambda r: True, _set(["privateClusterConfig", "enablePrivateNodes"], False), "enable_private_nodes"),
     ("gcp-gke-cluster-private-nodes", "prod", "gcp:container/nodePool:NodePool", lambda r: True, _set(["networkConfig", "enablePrivateNodes"], False), "networkConfig.enablePrivateNodes"),
     ("gcp-gke-cluster-workload-identity", "prod", "gcp:container/cluster:Cluster", lambda r: True, _delete(["workloadIdentityConfig"]), "Workload Identity"),
@@ -329,7 +358,7 @@ def test_cli_exit_status_and_table(monkeypatch, capsys):
     monkeypatch.setattr(policy_check, "stack_config", lambda stack: _prod_with_public_endpoint())
     assert policy_check.main(["prod"]) == 1
     out = capsys.readouterr().out
-    assert re.search(r"^mandatory\s+aws-eks-cluster-private-endpoint\s+eks:index:Cluster", out, re.M), out
+    assert re.search(r"^mandatory\s+aws-eks-cluster-private-endpoint\s+aws:eks/cluster:Cluster", out, re.M), out
 
     monkeypatch.setattr(policy_check, "stack_config", lambda stack: {f"{PROJECT}:environment": "prod"})
     assert policy_check.main(["prod"]) == 2

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pulumi_policy import PolicyResource, ResourceValidationPolicy, StackValidationPolicy
 
-from policies import common
+from policies import common, workloads
 from policies.cost_rules import GpuCapacity
 from policies.pack import POLICIES
 from policies.serving_rules import selector_matches, termination_grace_problems
@@ -21,6 +21,7 @@ TYPES = [
     common.DEPLOYMENT, common.DAEMONSET, common.STATEFULSET, common.JOB, common.CRONJOB, common.POD,
     common.PDB, common.NODEPOOL, common.EC2NODECLASS, common.HELM_RELEASE, common.HELM_CHART_V4,
     common.EKS_COMPONENT, common.EKS_CLUSTER, common.GKE_CLUSTER, common.GKE_NODEPOOL, common.SQS_QUEUE,
+    common.KMS_KEY, common.EKS_NODEGROUP, common.LAUNCH_TEMPLATE, common.CONFIGMAP, common.NETWORK_POLICY,
 ]
 
 
@@ -43,10 +44,13 @@ EMPTY_IS_VIOLATION = {
     ("kubernetes-helm-release-version-pinned", common.HELM_RELEASE),
     ("kubernetes-helm-release-version-pinned", common.HELM_CHART_V4),
     ("karpenter-ec2nodeclass-imdsv2", common.EC2NODECLASS),
-    ("aws-eks-cluster-secrets-encryption", common.EKS_COMPONENT),
+    # pulumi-eks's component is not applicable (its aws:eks/cluster:Cluster child is checked)
     ("aws-eks-cluster-secrets-encryption", common.EKS_CLUSTER),
-    ("aws-eks-cluster-private-endpoint", common.EKS_COMPONENT),
     ("aws-eks-cluster-private-endpoint", common.EKS_CLUSTER),
+    ("aws-eks-cluster-audit-logging", common.EKS_CLUSTER),
+    ("aws-kms-key-rotation", common.KMS_KEY),
+    ("aws-sqs-queue-encrypted", common.SQS_QUEUE),
+    ("gcp-gke-cluster-control-plane-hardened", common.GKE_CLUSTER),
     ("gcp-gke-cluster-private-nodes", common.GKE_CLUSTER),
     ("gcp-gke-cluster-workload-identity", common.GKE_CLUSTER),
 }
@@ -81,8 +85,10 @@ def test_stack_rule_with_properties_missing(policy):
     resources = [res(t, {}, name=f"r{i}") for i, t in enumerate(TYPES)]
     vs = run(resources, only=policy.name)
     # Empty NodePools default to on-demand and empty Deployments are not serving ones: nothing to say,
-    # except that an on-demand GPU pool with no limit is unbounded (cost rule, advisory).
-    assert all(v.level == "advisory" for v in vs), [v.message for v in vs]
+    # except that an on-demand GPU pool with no limit is unbounded (cost rule, advisory), and that a
+    # node group without a launch template keeps the AMI's IMDS settings (the insecure default).
+    expected = {"aws-eks-nodegroup-imdsv2": common.EKS_NODEGROUP}
+    assert all(v.level == "advisory" or expected.get(v.policy) == v.resource_type for v in vs), [v.message for v in vs]
 
 
 def test_rules_check_the_resource_type_first():
@@ -93,13 +99,23 @@ def test_rules_check_the_resource_type_first():
 # ---- individual rules on hand-written resources ----------------------------------------------
 
 
-def ebpf_agent(add: list[str]) -> PolicyResource:
+AGENT_LABELS = {
+    "app.kubernetes.io/name": "gpuinfra-ebpf-agent",
+    "app.kubernetes.io/component": "ebpf-agent",
+    "app.kubernetes.io/part-of": "gpu-inference-platform",
+}
+
+
+def ebpf_agent(add: list[str], programs: str = "sockredir,tcpbp", name: str = "gpuinfra-ebpf-agent",
+               namespace: str = "gpuinfra-system", labels: dict | None = None) -> PolicyResource:
     return res(
         common.DAEMONSET,
         {
-            "metadata": {"name": "ebpf-agent"},
-            "spec": {"template": {"metadata": {"labels": {"app.kubernetes.io/name": "gpuinfra-ebpf-agent"}}, "spec": {"containers": [
-                {"name": "agent", "image": "ghcr.io/gpuinfra/ebpf-agent:0.1.0", "securityContext": {"capabilities": {"add": add, "drop": ["ALL"]}}}
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"template": {"metadata": {"labels": AGENT_LABELS if labels is None else labels}, "spec": {"containers": [
+                {"name": "agent", "image": "ghcr.io/gpuinfra/ebpf-agent:0.1.0",
+                 "env": [{"name": "GPUINFRA_EBPF_PROGRAMS", "value": programs}],
+                 "securityContext": {"capabilities": {"add": add, "drop": ["ALL"]}}}
             ]}}},
         },
         name="prod-use1-ebpf-agent-ds",
@@ -108,11 +124,36 @@ def ebpf_agent(add: list[str]) -> PolicyResource:
 
 def test_ebpf_agent_capability_allowlist():
     assert run([ebpf_agent(["BPF", "PERFMON", "NET_ADMIN", "CAP_SYS_RESOURCE"])], only="kubernetes-workload-capabilities-allowlist") == []
-    vs = run([ebpf_agent(["BPF", "SYS_ADMIN"])], only="kubernetes-workload-capabilities-allowlist")
-    assert len(vs) == 1 and "['SYS_ADMIN']" in vs[0].message and "the eBPF agent" in vs[0].message
+    vs = run([ebpf_agent(["BPF", "SYS_MODULE"])], only="kubernetes-workload-capabilities-allowlist")
+    assert len(vs) == 1 and "['SYS_MODULE']" in vs[0].message and "the eBPF agent" in vs[0].message
     narrowed = {"kubernetes-workload-capabilities-allowlist": {"ebpfAgentCapabilities": ["BPF"]}}
     vs = run([ebpf_agent(["BPF", "PERFMON"])], only="kubernetes-workload-capabilities-allowlist", file_config=narrowed)
     assert len(vs) == 1 and "PERFMON" in vs[0].message
+
+
+def test_sys_admin_only_while_the_agent_runs_cudalat():
+    rule = "kubernetes-workload-capabilities-allowlist"
+    assert run([ebpf_agent(["BPF", "PERFMON", "SYS_ADMIN"], programs="cudalat,tcpbp")], only=rule) == []
+    vs = run([ebpf_agent(["BPF", "SYS_ADMIN"], programs="sockredir,tcpbp")], only=rule)
+    assert len(vs) == 1 and "['SYS_ADMIN']" in vs[0].message, [v.message for v in vs]
+    extended = {rule: {"ebpfAgentCapabilitiesByProgram": {"SYS_ADMIN": ["cudalat"], "IPC_LOCK": ["tcpbp"]}}}
+    assert run([ebpf_agent(["BPF", "IPC_LOCK"], programs="tcpbp")], only=rule, file_config=extended) == []
+
+
+@pytest.mark.parametrize(
+    "name,namespace,labels",
+    [
+        ("my-ebpf-agent", "gpuinfra-system", AGENT_LABELS),  # a substring of the name is not enough
+        ("gpuinfra-ebpf-agent", "default", AGENT_LABELS),  # wrong namespace
+        ("gpuinfra-ebpf-agent", "gpuinfra-system", {**AGENT_LABELS, "app.kubernetes.io/part-of": "other"}),
+        ("gpuinfra-ebpf-agent", "gpuinfra-system", {"app.kubernetes.io/name": "gpuinfra-ebpf-agent"}),
+    ],
+)
+def test_a_lookalike_is_not_the_ebpf_agent(name, namespace, labels):
+    r = ebpf_agent(["BPF"], name=name, namespace=namespace, labels=labels)
+    assert not workloads.is_ebpf_agent(r.resource_type, r.props, {})
+    vs = run([r], only="kubernetes-workload-capabilities-allowlist")
+    assert len(vs) == 1 and "only the eBPF agent" in vs[0].message
 
 
 @pytest.mark.parametrize(
@@ -124,6 +165,9 @@ def test_ebpf_agent_capability_allowlist():
         ("MAX_NUM_BATCHED_TOKENS", "8192", False),
         ("HF_TOKEN_PATH", "/var/run/token", False),
         ("AWS_ACCESS_KEY_ID", "x", False),
+        ("HF_HUB_DISABLE_IMPLICIT_TOKEN", "1", False),
+        ("GOOGLE_APPLICATION_CREDENTIALS", "/var/run/secrets/google/key.json", False),
+        ("API_TOKEN", "$(API_TOKEN_FROM_SECRET)", False),
         ("SOMETHING", "hf_" + "z" * 30, True),
         ("SOMETHING", "AKIA" + "A" * 16, True),
     ],
@@ -205,7 +249,7 @@ def test_fp8_resolved_from_gke_accelerator_selector():
     ],
 )
 def test_image_pinning(image, ok):
-    assert (common.image_problem(image) is None) == ok
+    assert (workloads.image_problem(image) is None) == ok
 
 
 @given(st.integers(min_value=0, max_value=10**6))
@@ -221,10 +265,10 @@ def test_quantity_rejects_garbage():
 
 def test_flag_value_forms():
     argv = ["vllm", "serve", "m", "--shutdown-timeout", "30", "--kv-cache-dtype=fp8"]
-    assert common.flag_value(argv, "--shutdown-timeout") == "30"
-    assert common.flag_value(argv, "--kv-cache-dtype") == "fp8"
-    assert common.flag_value(argv + ["--shutdown-timeout=45"], "--shutdown-timeout") == "45"
-    assert common.flag_value(["--shutdown-timeout"], "--shutdown-timeout") is None
+    assert workloads.flag_value(argv, "--shutdown-timeout") == "30"
+    assert workloads.flag_value(argv, "--kv-cache-dtype") == "fp8"
+    assert workloads.flag_value(argv + ["--shutdown-timeout=45"], "--shutdown-timeout") == "45"
+    assert workloads.flag_value(["--shutdown-timeout"], "--shutdown-timeout") is None
 
 
 def _serving_props(tgps, prestop, shutdown) -> tuple[dict, dict]:

@@ -69,6 +69,7 @@ RESOURCE_OUTPUTS: dict[str, Callable[[str, dict[str, Any]], dict[str, Any]]] = {
     "aws:ec2/vpc:Vpc": lambda n, i: {"id": f"vpc-{_hex(n)}", "defaultSecurityGroupId": f"sg-{_hex(n)}"},
     "aws:ec2/subnet:Subnet": lambda n, i: {"id": f"subnet-{_hex(n)}", "arn": _arn("ec2", "us-east-1", f"subnet/{n}")},
     "aws:ec2/securityGroup:SecurityGroup": lambda n, i: {"id": f"sg-{_hex(n)}"},
+    "aws:ec2/launchTemplate:LaunchTemplate": lambda n, i: {"id": f"lt-{_hex(n, 17)}", "latestVersion": 1},
     # pulumi-eks's remote component: only the scalar outputs AwsGpuCluster reads (eksCluster/core
     # are resource references to children the mock engine never sees).
     "eks:index:Cluster": lambda n, i: _eks_cluster(i.get("name", n)),
@@ -117,6 +118,15 @@ CALL_OUTPUTS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
         "id": a.get("addonName"),
     },
 }
+
+
+READ_TYPES = frozenset({"pulumi:pulumi:StackReference"})
+"""Resources a program reads rather than creates: their outputs exist before the first preview."""
+
+
+def created_by_this_stack(type_: str, resource_id: str | None) -> bool:
+    """False for a read (a `get`, a StackReference): those outputs are known even in a preview."""
+    return type_ not in READ_TYPES and not resource_id
 
 
 def resource_outputs(type_: str, name: str, inputs: dict[str, Any]) -> dict[str, Any]:

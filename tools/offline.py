@@ -87,6 +87,8 @@ class ProgramRun:
     config: dict[str, str] = field(default_factory=dict)
     """The config the engine handed the program (fully qualified keys, JSON for structured values)."""
     secret_keys: list[str] = field(default_factory=list)
+    preview: bool = False
+    """Run as a first `pulumi preview` (computed outputs unknown), not as `pulumi up`."""
 
     # --- queries the tests and the render use -------------------------------------------------
     def by_type(self, type_: str) -> list[Registered]:
@@ -209,7 +211,14 @@ class _RecordingMonitor(pmocks.MockMonitor):
 
 
 class _Mocks(pulumi.runtime.Mocks):
+    def __init__(self, preview: bool = False):
+        self.preview = preview
+
     def new_resource(self, args: pulumi.runtime.MockResourceArgs):
+        if self.preview and mock_outputs.created_by_this_stack(args.typ, args.resource_id):
+            # A first `pulumi preview`: the provider echoes the inputs and computes nothing yet, so
+            # every computed output (and the ID) is unknown to the program.
+            return "", dict(args.inputs)
         outputs = mock_outputs.resource_outputs(args.typ, args.name, dict(args.inputs))
         return f"{args.name}-id", outputs
 
@@ -283,21 +292,27 @@ def run_program(
     program: Path = ROOT / "__main__.py",
     raise_errors: bool = True,
     placeholder_secrets: bool = True,
+    preview: bool = False,
 ) -> ProgramRun:
     """Run `program` for `stack` under mocks. `config` replaces the stack file's config block.
 
     `placeholder_secrets` supplies offline placeholders for secrets kept out of the stack file.
+    `preview` runs it as a first `pulumi preview` of a fresh stack does: nothing exists yet, so every
+    output a provider computes (IDs, ARNs, endpoints, a component's kubeconfig) is unknown, and
+    whatever is built from one (an `apply`, an `Output.all`) is unknown too. Recorded inputs then
+    show `[unknown]` where the engine would send the unknown sentinel.
     """
     cfg = stack_config(stack) if config is None else config
     placeholders = offline_secrets(cfg) if placeholder_secrets else {}
     values, secret_keys = engine_config(cfg, {**placeholders, **(secrets or {})})
 
     run = ProgramRun(
-        stack=stack, resources=[], outputs={}, raw_outputs={}, secret_outputs=[], config=values, secret_keys=secret_keys
+        stack=stack, resources=[], outputs={}, raw_outputs={}, secret_outputs=[], config=values,
+        secret_keys=secret_keys, preview=preview,
     )
-    mocks = _Mocks()
+    mocks = _Mocks(preview)
     pulumi.runtime.set_mocks(
-        mocks, project=PROJECT, stack=stack, preview=False, monitor=_RecordingMonitor(mocks, run)
+        mocks, project=PROJECT, stack=stack, preview=preview, monitor=_RecordingMonitor(mocks, run)
     )
     pulumi.runtime.set_all_config(values, secret_keys)
     psettings.ROOT.set(None)

@@ -130,13 +130,18 @@ def main(argv: list[str] | None = None) -> int:
         "--stack-file", type=Path, default=None,
         help="render this stack file instead of Pulumi.<stack>.yaml (e.g. a proposed change)",
     )
+    ap.add_argument(
+        "--preview", action="store_true",
+        help="render as a first `pulumi preview` of a fresh stack: computed outputs show as [unknown] "
+        "(default output directory: out/<stack>-preview)",
+    )
     ns = ap.parse_args(argv)
     if ns.stack_file is None and ns.stack not in available_stacks():
         ap.error(f"no Pulumi.{ns.stack}.yaml; stacks: {', '.join(available_stacks())}")
     config = None if ns.stack_file is None else (yaml.safe_load(ns.stack_file.read_text()) or {}).get("config", {})
-    out_dir = ns.out or ROOT / "out" / ns.stack
+    out_dir = ns.out or ROOT / "out" / (f"{ns.stack}-preview" if ns.preview else ns.stack)
     try:
-        run = run_program(ns.stack, config=config)
+        run = run_program(ns.stack, config=config, preview=ns.preview)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

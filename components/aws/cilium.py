@@ -16,6 +16,7 @@ from components.aws.cilium_values import (
     CILIUM_OPERATOR_SA,
     CILIUM_REPO,
     CILIUM_VERSION,
+    api_server_host_port,
     cilium_values,
     operator_policy,
 )
@@ -58,8 +59,10 @@ class Cilium(pulumi.ComponentResource):
             policy=json.dumps(operator_policy()),
             opts=on_aws,
         )
-        values = pulumi.Output.all(args.api_server_endpoint, args.cluster_name, self.operator_role.arn).apply(
-            lambda a: cilium_values(args.config, a[0], a[1], a[2], args.operator_replicas)
+        # Only the computed leaves are Outputs, so the config-derived values are known at preview.
+        host_port = pulumi.Output.from_input(args.api_server_endpoint).apply(api_server_host_port)
+        values = cilium_values(
+            args.config, (host_port[0], host_port[1]), args.cluster_name, self.operator_role.arn, args.operator_replicas
         )
         self.release = k8s.helm.v3.Release(
             f"{name}-release",

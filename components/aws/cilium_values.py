@@ -60,10 +60,20 @@ def operator_policy() -> dict[str, Any]:
 
 
 def cilium_values(
-    cfg: CiliumConfig, api_server_endpoint: str, cluster_name: str, operator_role_arn: str, operator_replicas: int = 2
+    cfg: CiliumConfig,
+    api_server: str | tuple[Any, Any],
+    cluster_name: Any,
+    operator_role_arn: Any,
+    operator_replicas: int = 2,
 ) -> dict[str, Any]:
-    """Helm values for Cilium on EKS without kube-proxy and without aws-node."""
-    host, port = api_server_host_port(api_server_endpoint)
+    """Helm values for Cilium on EKS without kube-proxy and without aws-node.
+
+    `api_server` is the endpoint URL, or its (host, port) already split. The computed fields (host,
+    port, cluster name, operator role ARN) may be Outputs: they are only placed, never inspected, so
+    every config-derived key stays known during a first `pulumi preview` and the policy pack can
+    check it there (a values dict built inside one `apply` is unknown as a whole).
+    """
+    host, port = api_server_host_port(api_server) if isinstance(api_server, str) else api_server
     values: dict[str, Any] = {
         # Nothing else resolves the API server before Cilium runs: no kube-proxy, no CoreDNS.
         "kubeProxyReplacement": True,

@@ -19,6 +19,7 @@ import pulumi_kubernetes as k8s
 
 from components.aws.eks import (
     SYSTEM_NODE_LABEL,
+    SYSTEM_NODE_METADATA_OPTIONS,
     coredns_configuration,
     eks_cluster_settings,
     endpoint_from_kubeconfig,
@@ -185,6 +186,12 @@ class AwsGpuCluster(pulumi.ComponentResource):
             for policy in node_role_policies(c.cilium.enabled)
         ]
         sng = c.system_node_group
+        # EKS managed node groups take IMDS settings only from a launch template.
+        system_template = aws.ec2.LaunchTemplate(
+            f"{name}-system",
+            metadata_options=aws.ec2.LaunchTemplateMetadataOptionsArgs(**SYSTEM_NODE_METADATA_OPTIONS),
+            opts=on_aws,
+        )
         system_nodes = aws.eks.NodeGroup(
             f"{name}-system",
             cluster_name=cluster_name,
@@ -198,6 +205,9 @@ class AwsGpuCluster(pulumi.ComponentResource):
                 min_size=sng.min_size, desired_size=sng.desired_size, max_size=sng.max_size
             ),
             update_config=aws.eks.NodeGroupUpdateConfigArgs(max_unavailable=1),
+            launch_template=aws.eks.NodeGroupLaunchTemplateArgs(
+                id=system_template.id, version=system_template.latest_version.apply(str)
+            ),
             labels=dict(SYSTEM_NODE_LABEL),
             taints=[aws.eks.NodeGroupTaintArgs(**t) for t in system_node_taints(c)],
             opts=pulumi.ResourceOptions.merge(on_aws, pulumi.ResourceOptions(depends_on=attachments)),

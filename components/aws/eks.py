@@ -39,6 +39,12 @@ def eks_cluster_settings(c: AwsCluster) -> dict[str, Any]:
     }
 
 
+SYSTEM_NODE_METADATA_OPTIONS = {"http_endpoint": "enabled", "http_tokens": "required", "http_put_response_hop_limit": 1}
+"""The system node group's IMDS settings (its launch template): IMDSv2 only, one hop, so a pod that is
+not on the host network cannot reach the node's instance credentials; the controllers on these nodes
+authenticate through IRSA, not the node role. The same settings as the GPU EC2NodeClasses."""
+
+
 def endpoint_from_kubeconfig(kubeconfig: str | dict) -> str:
     """The API server URL in a pulumi-eks kubeconfig (the cluster's endpoint)."""
     doc = json.loads(kubeconfig) if isinstance(kubeconfig, str) else kubeconfig

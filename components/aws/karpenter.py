@@ -91,7 +91,7 @@ class Karpenter(pulumi.ComponentResource):
         # --- interruption queue + EventBridge rules ------------------------------------------
         self.queue = None
         queue_arn: pulumi.Input[Optional[str]] = None
-        queue_name: pulumi.Input[Optional[str]] = None
+        queue_name: Optional[str] = None
         if c.karpenter.interruption_queue:
             self.queue = aws.sqs.Queue(
                 f"{name}-interruption",
@@ -101,7 +101,9 @@ class Karpenter(pulumi.ComponentResource):
                 tags=args.tags,
                 opts=on_aws,
             )
-            queue_arn, queue_name = self.queue.arn, self.queue.name
+            # The queue is named from config, so its name is known before it exists (a first
+            # preview can check the chart's settings.interruptionQueue); depends_on keeps the order.
+            queue_arn, queue_name = self.queue.arn, c.name
             aws.sqs.QueuePolicy(
                 f"{name}-interruption",
                 queue_url=self.queue.url,
@@ -157,10 +159,10 @@ class Karpenter(pulumi.ComponentResource):
             version=KARPENTER_VERSION,
             namespace=KARPENTER_NAMESPACE,
             skip_crds=True,
-            values=pulumi.Output.all(args.cluster_name, queue_name, controller_role.arn).apply(
-                lambda a: karpenter_values(a[0], a[1], a[2], c.karpenter.replicas)
+            values=karpenter_values(args.cluster_name, queue_name, controller_role.arn, c.karpenter.replicas),
+            opts=pulumi.ResourceOptions.merge(
+                on_k8s, pulumi.ResourceOptions(depends_on=[crds, access_entry, *([self.queue] if self.queue else [])])
             ),
-            opts=pulumi.ResourceOptions.merge(on_k8s, pulumi.ResourceOptions(depends_on=[crds, access_entry])),
         )
 
         # --- per GPU pool: EC2NodeClass + NodePools ------------------------------------------
@@ -172,7 +174,7 @@ class Karpenter(pulumi.ComponentResource):
                 api_version=NODECLASS_API,
                 kind="EC2NodeClass",
                 metadata={"name": nodeclass_name(pool)},
-                spec=self.node_role.name.apply(lambda role, p=pool: ec2_nodeclass_spec(c, p, role, args.tags)),
+                spec=ec2_nodeclass_spec(c, pool, self.node_role.name, args.tags),
                 opts=after_controller,
             )
             names = []

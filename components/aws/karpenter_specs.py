@@ -88,7 +88,7 @@ def pool_user_data(cluster: AwsCluster, pool: AwsGpuPool) -> str:
 
 
 def ec2_nodeclass_spec(
-    cluster: AwsCluster, pool: AwsGpuPool, node_role_name: str, tags: dict[str, str]
+    cluster: AwsCluster, pool: AwsGpuPool, node_role_name: Any, tags: dict[str, str]
 ) -> dict[str, Any]:
     """`EC2NodeClass.spec` (karpenter.k8s.aws/v1) for a GPU pool."""
     discovery = {"tags": {DISCOVERY_TAG: cluster.name}}
@@ -165,9 +165,13 @@ def nodepool_spec(pool: AwsGpuPool, plan: NodePoolPlan, cilium_enabled: bool) ->
 
 
 def karpenter_values(
-    cluster_name: str, queue_name: str | None, controller_role_arn: str, replicas: int
+    cluster_name: Any, queue_name: str | None, controller_role_arn: Any, replicas: int
 ) -> dict[str, Any]:
-    """Helm values for the `karpenter` chart 1.15.0."""
+    """Helm values for the `karpenter` chart 1.15.0.
+
+    `cluster_name` and `controller_role_arn` may be Outputs (placed as leaves, so the rest of the
+    values stays known during a first `pulumi preview`); `queue_name` is the name from config.
+    """
     settings: dict[str, Any] = {"clusterName": cluster_name}
     if queue_name:
         settings["interruptionQueue"] = queue_name

@@ -10,6 +10,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from components.platform.config import Namespaces, ObservabilityConfig
+from components.platform.network_policy import ALLOW_NAME, DEFAULT_DENY_NAME, default_deny_ingress_spec, serving_allow_spec
 from components.options import inherited_depends_on
 from components.platform.addons_values import KEDA_CHART, KEDA_RELEASE, KPS_CHART, ChartPin, keda_values, kps_values
 
@@ -45,6 +46,18 @@ class PlatformAddons(pulumi.ComponentResource):
             )
         self.system_namespace = ns["system"].metadata.name
         self.serving_namespace = ns["serving"].metadata.name
+        # The serving namespace denies ingress by default; only its own pods, Prometheus and
+        # namespaces labeled as serving clients reach the models.
+        for suffix, obj_name, spec in (
+            ("serving-default-deny", DEFAULT_DENY_NAME, default_deny_ingress_spec()),
+            ("serving-allow-clients", ALLOW_NAME, serving_allow_spec(args.observability.monitoring_namespace)),
+        ):
+            k8s.networking.v1.NetworkPolicy(
+                f"{name}-{suffix}",
+                metadata=k8s.meta.v1.ObjectMetaArgs(name=obj_name, namespace=self.serving_namespace, labels=args.labels),
+                spec=spec,
+                opts=child,
+            )
         self.prometheus_url = o.prometheus_url
         self.prometheus_release_label = o.prometheus_release_label
         self.releases = {}
