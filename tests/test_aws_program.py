@@ -80,7 +80,7 @@ def test_deploy_order_cni_then_nodes_then_dns_then_karpenter(run):
     """
     for c in aws_clusters(run.stack):
         n = c["name"]
-        eks = run.get("eks:index:Cluster", f"{n}-eks")
+        eks = run.get("eks:index:Cluster", n)
         cilium = run.get(RELEASE, f"{n}-cilium-release")
         nodes = run.get("aws:eks/nodeGroup:NodeGroup", f"{n}-system")
         coredns = run.get("aws:eks/addon:Addon", f"{n}-coredns")

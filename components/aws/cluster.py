@@ -157,8 +157,10 @@ class AwsGpuCluster(pulumi.ComponentResource):
                 enable_key_rotation=True,
                 opts=on_aws,
             )
+        # Logical name = the cluster name: pulumi-eks auto-names its EKS service role
+        # `<logical>-eksRole-role-<7 hex>`, which a `-eks` suffix would push past IAM's 64 characters.
         self.cluster = eks.Cluster(
-            f"{name}-eks",
+            name,
             vpc_id=vpc.id,
             private_subnet_ids=private_ids,
             public_subnet_ids=public_ids,
@@ -166,7 +168,9 @@ class AwsGpuCluster(pulumi.ComponentResource):
             tags=tags,
             cluster_tags={CNI_TAG: cni_mode(c)},
             **eks_cluster_settings(c),
-            opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(providers={"aws": aws_provider})),
+            opts=pulumi.ResourceOptions.merge(
+                child, pulumi.ResourceOptions(providers={"aws": aws_provider}, aliases=[pulumi.Alias(name=f"{name}-eks")])
+            ),
         )
         # The name we gave EKS, as an Output of the cluster so that users wait for it to exist.
         cluster_name = self.cluster.cluster_security_group_id.apply(lambda _: c.name)
