@@ -35,6 +35,10 @@ class InstanceType:
     numa_nodes: int
     family: str
     accelerator: str | None = None  # GKE accelerator type name, GCP only
+    local_nvme_gb: int = 0
+    """Total NVMe instance-store capacity, GB (AWS; 0: none)."""
+    ebs_mbps: int = 0
+    """The instance's EBS bandwidth, Mbps (AWS; 0: unknown)."""
 
     @property
     def gpus_per_numa_node(self) -> int:

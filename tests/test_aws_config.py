@@ -65,6 +65,19 @@ CASES = [
      ["clusters[0].kubelet.reserved_system_cpus", "smallest type 8 vCPUs", "allowed: CPU ids below 8"]),
     ("reserved-cpuset-leaves-too-few-cpus", "dev", _set("clusters[0].kubelet", {"reserved_system_cpus": "0-3"}),
      ["models[0].resources.cpu", "6 CPUs exceed the 4 allocatable"]),
+    # NodePool CRD (karpenter.sh/v1, tests/schemas): budgets[].nodes ^((100|[0-9]{1,2})%|[0-9]+)$.
+    ("budget-over-100-percent", "dev", _set("clusters[0].gpu_pools[0].disruption_budget_nodes", "150%"),
+     ["clusters[0].gpu_pools[0].disruption_budget_nodes", "100|[0-9]{1,2}"]),
+    ("system-type-not-an-instance-type", "dev", _set("clusters[0].system_node_group.instance_type", "big"),
+     ["clusters[0].system_node_group.instance_type", "'big' is not an EC2 instance type"]),
+    ("system-type-graviton", "dev", _set("clusters[0].system_node_group.instance_type", "m7g.xlarge"),
+     ["clusters[0].system_node_group.instance_type", "Graviton", "AL2023_x86_64_STANDARD"]),
+    # awslabs/amazon-eks-ami CHANGELOG: the first AL2023 NVIDIA images for 1.36 are v20260610.
+    ("ami-older-than-the-kubernetes-version", "dev",
+     _both(_set("clusters[0].kubernetes_version", "1.36"), _set("clusters[0].karpenter", {"ami_alias": "al2023@v20260512"})),
+     ["clusters[0].karpenter.ami_alias", "Kubernetes 1.36", "allowed: al2023@v20260610 or later"]),
+    ("model-cache-without-nvme", "dev", _set("clusters[0].gpu_pools[0].model_cache", "nvme-please"),
+     ["clusters[0].gpu_pools[0].model_cache", "'instance-store'"]),
     ("spot-without-interruption-queue", "dev", _set("clusters[0].karpenter", {"interruption_queue": False}),
      ["clusters[0].karpenter.interruption_queue", "allowed: true"]),
 ]

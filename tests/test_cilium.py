@@ -6,7 +6,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from components.aws.cilium_values import CILIUM_VERSION, api_server_host_port, cilium_values
+from components.aws.cilium_values import CILIUM_VERSION, api_server_host_port, cilium_values, operator_policy
 from components.aws.config import CiliumConfig
 
 # Leaf keys (dotted) present in cilium/cilium install/kubernetes/cilium/values.yaml, read at commit
@@ -113,3 +113,37 @@ def test_api_server_host_port(endpoint, expected):
 def test_version_is_pinned_to_1_19_or_newer():
     major, minor, patch = (int(x) for x in CILIUM_VERSION.split("."))
     assert (major, minor) >= (1, 19)
+
+
+# cilium/cilium Documentation/network/concepts/ipam/eni.rst @0e22bde5, "Required Privileges": always
+# required for ENI creation and IP allocation, then required "if ENI GC is enabled (which is the
+# default), and --cluster-name and --eni-gc-tags are not set to custom values".
+ENI_REQUIRED = {
+    "DeleteNetworkInterface", "DescribeInstanceTypes", "DescribeNetworkInterfaces", "DescribeSubnets",
+    "DescribeVpcs", "DescribeRouteTables", "DescribeSecurityGroups", "CreateNetworkInterface",
+    "AttachNetworkInterface", "ModifyNetworkInterfaceAttribute", "AssignPrivateIpAddresses", "CreateTags",
+    "DescribeManagedPrefixLists", "GetManagedPrefixListEntries",
+}
+ENI_GC_DEFAULT = {"DescribeTags"}
+# Required only when a feature we leave off is on (release excess IPs, IPv6, --instance-tags-filter).
+ENI_CONDITIONAL_OFF = {"UnassignPrivateIpAddresses", "AssignIpv6Addresses", "DescribeInstances"}
+
+
+def test_operator_policy_is_exactly_the_eni_required_privileges():
+    (stmt,) = operator_policy()["Statement"]
+    actions = {a.removeprefix("ec2:") for a in stmt["Action"]}
+    assert all(a.startswith("ec2:") for a in stmt["Action"])
+    assert actions == ENI_REQUIRED | ENI_GC_DEFAULT, (
+        f"missing {sorted(ENI_REQUIRED | ENI_GC_DEFAULT - actions)}, extra {sorted(actions - ENI_REQUIRED - ENI_GC_DEFAULT)}"
+    )
+    assert not actions & ENI_CONDITIONAL_OFF
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=["default", "minimal"])
+def test_eni_mode_leaves_ipv4_masquerade_to_the_chart(cfg):
+    """Chart 1.18+ defaults `enableIPv4Masquerade` to off when ipam.mode is eni (cilium
+    Documentation/helm-values.rst: "`true` unless ipam eni mode is active"); forcing it on would
+    SNAT pod traffic that VPC routing already carries."""
+    v = cilium_values(cfg, ENDPOINT, "c1", "arn:role")
+    assert v["ipam"]["mode"] == "eni"
+    assert "enableIPv4Masquerade" not in v

@@ -37,7 +37,7 @@ def test_preview_renders_unknowns_where_a_fresh_stack_has_them():
     karpenter = next(r for r in run.by_type(RELEASE) if str(r.inputs.get("chart", "")).endswith("/karpenter"))
     assert karpenter.inputs["values"]["settings"]["interruptionQueue"] == "dev-use1"
     assert "[unknown]" in json.dumps(karpenter.inputs["values"]), "the controller role ARN is computed"
-    eks = run.get("eks:index:Cluster", "dev-use1-eks")
+    eks = run.get("eks:index:Cluster", "dev-use1")
     assert eks.inputs["encryptionConfigKeyArn"] == "[unknown]"
 
 

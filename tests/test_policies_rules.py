@@ -320,3 +320,12 @@ def test_policy_constants_match_what_the_components_render():
 
     assert common.POOL_LABEL == POOL_LABEL
     assert common.PRESTOP_ANNOTATION == PRESTOP_ANNOTATION
+
+
+def test_default_host_paths_are_the_model_caches_the_platform_places():
+    """The pack restates the platform's cache paths (it runs without the platform's code)."""
+    from components.aws.disks import NVME_MODEL_CACHE_PATH
+    from components.serving.config import ModelCache
+    from policies.pod_security_rules import DEFAULT_HOST_PATHS
+
+    assert set(DEFAULT_HOST_PATHS) == {ModelCache().host_path, NVME_MODEL_CACHE_PATH}

@@ -97,12 +97,16 @@ RESOURCE_OUTPUTS: dict[str, Callable[[str, dict[str, Any]], dict[str, Any]]] = {
 
 # invoke token -> fn(args) -> result
 CALL_OUTPUTS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
+    # Zone names map to zone IDs per account; this mapping puts use1-az3 (no EKS control planes)
+    # second, so a program that picks zones by position instead of by ID would use it.
     "aws:index/getAvailabilityZones:getAvailabilityZones": lambda a: {
-        "names": ["us-east-1a", "us-east-1b", "us-east-1c", "us-east-1d"],
-        "zoneIds": ["use1-az1", "use1-az2", "use1-az4", "use1-az6"],
+        "names": ["us-east-1a", "us-east-1b", "us-east-1c", "us-east-1d", "us-east-1e", "us-east-1f"],
+        "zoneIds": ["use1-az1", "use1-az3", "use1-az2", "use1-az4", "use1-az5", "use1-az6"],
         "state": "available",
         "id": "us-east-1",
     },
+    # No EKS cluster exists yet (a first `pulumi up`); tests replace this to model an existing one.
+    "aws:eks/getClusters:getClusters": lambda a: {"names": [], "id": a.get("region", "us-east-1")},
     "aws:index/getCallerIdentity:getCallerIdentity": lambda a: {
         "accountId": ACCOUNT,
         "arn": f"arn:aws:iam::{ACCOUNT}:user/ci",

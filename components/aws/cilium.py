@@ -35,6 +35,7 @@ class CiliumArgs:
     k8s_provider: k8s.Provider
     aws_provider: aws.Provider
     operator_replicas: int = 2
+    operator_role_name: Optional[str] = None
 
 
 class Cilium(pulumi.ComponentResource):
@@ -48,6 +49,7 @@ class Cilium(pulumi.ComponentResource):
 
         self.operator_role = aws.iam.Role(
             f"{name}-operator",
+            name=args.operator_role_name,
             assume_role_policy=pulumi.Output.all(args.oidc_provider_arn, args.oidc_issuer).apply(
                 lambda a: json.dumps(irsa_trust(a[0], a[1], CILIUM_NAMESPACE, CILIUM_OPERATOR_SA))
             ),
@@ -72,6 +74,10 @@ class Cilium(pulumi.ComponentResource):
             namespace=CILIUM_NAMESPACE,
             repository_opts=k8s.helm.v3.RepositoryOptsArgs(repo=CILIUM_REPO),
             values=values,
+            # Installed before any node is Ready: nothing can run its pods yet, and the system node
+            # group (created next) only becomes Ready once they run. Waiting would deadlock. The
+            # agent DaemonSet tolerates every taint, including not-ready (chart default tolerations).
+            skip_await=True,
             opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(provider=args.k8s_provider)),
         )
         self.register_outputs({"release": self.release.name, "operatorRoleArn": self.operator_role.arn})

@@ -23,7 +23,13 @@ CILIUM_OPERATOR_SA = "cilium-operator"
 
 HUBBLE_METRICS = ["dns", "drop", "tcp", "flow", "port-distribution", "icmp", "httpV2"]
 
-# EC2 actions the Cilium operator needs to run ENI IPAM (docs.cilium.io network/concepts/ipam/eni).
+# The Cilium operator's EC2 actions in ENI mode: exactly the "Required Privileges" list of Cilium's
+# ENI IPAM page (cilium/cilium Documentation/network/concepts/ipam/eni.rst @0e22bde5), plus
+# `DescribeTags`, which that page requires while ENI garbage collection is on (the default) with the
+# default `--eni-gc-tags`. Without `DescribeRouteTables` / the prefix-list actions the operator's
+# resync fails and new pods get no IPs. Not granted, because the conditions that need them are off:
+# `UnassignPrivateIpAddresses` (aws-release-excess-ips), `AssignIpv6Addresses` (IPv6),
+# `DescribeInstances` (--instance-tags-filter).
 OPERATOR_EC2_ACTIONS = [
     "ec2:AssignPrivateIpAddresses",
     "ec2:AttachNetworkInterface",
@@ -31,14 +37,15 @@ OPERATOR_EC2_ACTIONS = [
     "ec2:CreateTags",
     "ec2:DeleteNetworkInterface",
     "ec2:DescribeInstanceTypes",
-    "ec2:DescribeInstances",
+    "ec2:DescribeManagedPrefixLists",
     "ec2:DescribeNetworkInterfaces",
+    "ec2:DescribeRouteTables",
     "ec2:DescribeSecurityGroups",
     "ec2:DescribeSubnets",
+    "ec2:DescribeTags",
     "ec2:DescribeVpcs",
-    "ec2:DetachNetworkInterface",
+    "ec2:GetManagedPrefixListEntries",
     "ec2:ModifyNetworkInterfaceAttribute",
-    "ec2:UnassignPrivateIpAddresses",
 ]
 
 
@@ -83,7 +90,9 @@ def cilium_values(
         "eni": {"enabled": True, "awsEnablePrefixDelegation": True, "iamRole": operator_role_arn},
         "ipam": {"mode": "eni"},
         "routingMode": "native",
-        "enableIPv4Masquerade": True,
+        # No `enableIPv4Masquerade`: in ENI mode pods hold VPC addresses and the chart's default is
+        # off there (cilium Documentation/helm-values.rst: "`true` unless ipam eni mode is active");
+        # egress to the internet leaves through the private subnets' NAT gateways.
         "bpf": {"masquerade": True, "hostLegacyRouting": False},
         "cluster": {"name": cluster_name},
         "operator": {"replicas": operator_replicas, "prometheus": {"enabled": True}},

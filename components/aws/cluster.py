@@ -1,9 +1,11 @@
 """AwsGpuCluster: VPC, EKS (pulumi-eks), Cilium, CoreDNS, Karpenter with NUMA-aligned GPU nodes, and
 the NVIDIA device plugin.
 
-Order on a fresh cluster: VPC -> EKS (no aws-node/kube-proxy/CoreDNS when Cilium is on) -> system
-node group (tainted until Cilium is ready) -> Cilium -> CoreDNS add-on -> Karpenter -> GPU
-NodePools -> device plugin.
+Order on a fresh cluster: VPC -> EKS (no aws-node/kube-proxy/CoreDNS when Cilium is on) -> Cilium
+(Helm release not awaited: nothing runs it yet) -> system node group (Ready once Cilium runs on its
+nodes; tainted until then) -> CoreDNS add-on -> Karpenter -> GPU NodePools, device plugin.
+EKS creates a managed node group only once its nodes are Ready, and a node is Ready only with a
+CNI, so the node group must come after Cilium, never before (terraform-aws-eks #1972, #3139).
 """
 
 from __future__ import annotations
@@ -18,13 +20,19 @@ import pulumi_eks as eks
 import pulumi_kubernetes as k8s
 
 from components.aws.eks import (
+    CNI_TAG,
     SYSTEM_NODE_LABEL,
     SYSTEM_NODE_METADATA_OPTIONS,
+    check_cni_unchanged,
+    cni_mode,
     coredns_configuration,
     eks_cluster_settings,
     endpoint_from_kubeconfig,
     system_node_taints,
 )
+from components.aws.facts import control_plane_zones
+from components.aws.karpenter_specs import pool_cache_disk
+from components.aws.names import iam_role_name
 from components.aws.network import nat_gateway_count, subnet_layout
 from components.aws.cilium import Cilium, CiliumArgs
 from components.platform.cluster_handle import GPU_TOLERATION, POOL_LABEL, ClusterHandle, pool_info
@@ -55,9 +63,11 @@ class AwsGpuCluster(pulumi.ComponentResource):
     cilium: Optional[Cilium]
 
     def __init__(self, name: str, args: AwsGpuClusterArgs, opts: Optional[pulumi.ResourceOptions] = None):
+        c = args.config
+        # Before anything is registered: a CNI switch on an existing cluster is refused.
+        check_cni_unchanged(c, existing_cluster_cni(c.name, c.region))
         super().__init__("gpuinfra:aws:AwsGpuCluster", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
-        c = args.config
         tags = {**args.tags, "gpuinfra.io/cluster": c.name, "gpuinfra.io/environment": args.environment}
 
         # This component owns the cluster, so it owns the providers that reach it.
@@ -85,13 +95,16 @@ class AwsGpuCluster(pulumi.ComponentResource):
         )
         private_ids, public_ids, nats = [], [], []
         nat_count = nat_gateway_count(c.network.availability_zones, c.network.single_nat_gateway)
+        zones = pulumi.Output.all(azs.names, azs.zone_ids).apply(
+            lambda a: control_plane_zones(a[0], a[1], c.network.availability_zones)
+        )
         for plan in subnet_layout(c.network.vpc_cidr, c.network.availability_zones):
-            az = azs.names.apply(lambda names, i=plan.az_index: names[i])
+            az = zones.apply(lambda z, i=plan.az_index: z[i][1])
             public = aws.ec2.Subnet(
                 f"{name}-public-{plan.az_index}",
                 vpc_id=vpc.id,
                 cidr_block=str(plan.public),
-                availability_zone=az,
+                availability_zone_id=az,
                 tags={"Name": f"{c.name}-public-{plan.az_index}", "kubernetes.io/role/elb": "1"},
                 opts=on_aws,
             )
@@ -113,7 +126,7 @@ class AwsGpuCluster(pulumi.ComponentResource):
                 f"{name}-private-{plan.az_index}",
                 vpc_id=vpc.id,
                 cidr_block=str(plan.private),
-                availability_zone=az,
+                availability_zone_id=az,
                 tags={
                     "Name": f"{c.name}-private-{plan.az_index}",
                     "kubernetes.io/role/internal-elb": "1",
@@ -145,15 +158,20 @@ class AwsGpuCluster(pulumi.ComponentResource):
                 enable_key_rotation=True,
                 opts=on_aws,
             )
+        # Logical name = the cluster name: pulumi-eks auto-names its EKS service role
+        # `<logical>-eksRole-role-<7 hex>`, which a `-eks` suffix would push past IAM's 64 characters.
         self.cluster = eks.Cluster(
-            f"{name}-eks",
+            name,
             vpc_id=vpc.id,
             private_subnet_ids=private_ids,
             public_subnet_ids=public_ids,
             encryption_config_key_arn=kms_key.arn if kms_key else None,
             tags=tags,
+            cluster_tags={CNI_TAG: cni_mode(c)},
             **eks_cluster_settings(c),
-            opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(providers={"aws": aws_provider})),
+            opts=pulumi.ResourceOptions.merge(
+                child, pulumi.ResourceOptions(providers={"aws": aws_provider}, aliases=[pulumi.Alias(name=f"{name}-eks")])
+            ),
         )
         # The name we gave EKS, as an Output of the cluster so that users wait for it to exist.
         cluster_name = self.cluster.cluster_security_group_id.apply(lambda _: c.name)
@@ -171,11 +189,15 @@ class AwsGpuCluster(pulumi.ComponentResource):
         provider = k8s.Provider(f"{name}-k8s", kubeconfig=kubeconfig, opts=child)
         on_k8s = pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(provider=provider))
 
-        # --- system node group (on-demand, controllers) -------------------------------------
+        # --- system node role (the node group itself waits for the CNI below) -----------------
+        part = aws.get_partition_output(opts=pulumi.InvokeOutputOptions(provider=aws_provider))
+        partition = part.partition
         system_role = aws.iam.Role(
-            f"{name}-system-node", assume_role_policy=json.dumps(assume_role_ec2()), opts=on_aws
+            f"{name}-system-node",
+            name=iam_role_name(c.name, c.region, "system-node"),
+            assume_role_policy=part.dns_suffix.apply(lambda d: json.dumps(assume_role_ec2(d))),
+            opts=on_aws,
         )
-        partition = aws.get_partition_output(opts=pulumi.InvokeOutputOptions(provider=aws_provider)).partition
         attachments = [
             aws.iam.RolePolicyAttachment(
                 f"{name}-system-node-{policy}",
@@ -185,7 +207,28 @@ class AwsGpuCluster(pulumi.ComponentResource):
             )
             for policy in node_role_policies(c.cilium.enabled)
         ]
+
+        # --- CNI first: the system nodes only become Ready (and the node group ACTIVE) with it --
         sng = c.system_node_group
+        self.cilium = None
+        cni: list[pulumi.Resource] = []
+        if c.cilium.enabled:
+            self.cilium = Cilium(
+                f"{name}-cilium",
+                CiliumArgs(
+                    config=c.cilium,
+                    cluster_name=cluster_name,
+                    api_server_endpoint=endpoint,
+                    oidc_provider_arn=self.cluster.oidc_provider_arn,
+                    oidc_issuer=self.cluster.oidc_issuer,
+                    k8s_provider=provider,
+                    aws_provider=aws_provider,
+                    operator_replicas=min(2, sng.min_size),
+                    operator_role_name=iam_role_name(c.name, c.region, "cilium-operator"),
+                ),
+                opts=child,
+            )
+            cni = [self.cilium.release]
         # EKS managed node groups take IMDS settings only from a launch template.
         system_template = aws.ec2.LaunchTemplate(
             f"{name}-system",
@@ -210,28 +253,12 @@ class AwsGpuCluster(pulumi.ComponentResource):
             ),
             labels=dict(SYSTEM_NODE_LABEL),
             taints=[aws.eks.NodeGroupTaintArgs(**t) for t in system_node_taints(c)],
-            opts=pulumi.ResourceOptions.merge(on_aws, pulumi.ResourceOptions(depends_on=attachments)),
+            opts=pulumi.ResourceOptions.merge(on_aws, pulumi.ResourceOptions(depends_on=[*attachments, *cni])),
         )
+        cni_ready: list[pulumi.Resource] = [system_nodes, *cni]
 
-        # --- CNI, then DNS ------------------------------------------------------------------
-        self.cilium = None
-        cni_ready: list[pulumi.Resource] = [system_nodes]
-        if c.cilium.enabled:
-            self.cilium = Cilium(
-                f"{name}-cilium",
-                CiliumArgs(
-                    config=c.cilium,
-                    cluster_name=cluster_name,
-                    api_server_endpoint=endpoint,
-                    oidc_provider_arn=self.cluster.oidc_provider_arn,
-                    oidc_issuer=self.cluster.oidc_issuer,
-                    k8s_provider=provider,
-                    aws_provider=aws_provider,
-                    operator_replicas=min(2, sng.min_size),
-                ),
-                opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=[system_nodes])),
-            )
-            cni_ready = [self.cilium]
+
+        # --- then DNS, on the Ready system nodes ----------------------------------------------
         coredns = aws.eks.Addon(
             f"{name}-coredns",
             cluster_name=cluster_name,
@@ -283,7 +310,7 @@ class AwsGpuCluster(pulumi.ComponentResource):
             endpoint=endpoint,
             kubeconfig=kubeconfig,
             oidc_issuer=self.cluster.oidc_provider_url,
-            gpu_pools={p.name: pool_info(p, self.karpenter.nodepool_names[p.name]) for p in c.gpu_pools},
+            gpu_pools={p.name: aws_pool_info(p, self.karpenter.nodepool_names[p.name]) for p in c.gpu_pools},
             spot_notice_s=c.spot_notice_s,
             interruption_queue_arn=queue_arn,
             native=self.cluster,
@@ -300,3 +327,18 @@ class AwsGpuCluster(pulumi.ComponentResource):
                 "nodePools": {k: list(v) for k, v in self.karpenter.nodepool_names.items()},
             }
         )
+
+
+def aws_pool_info(pool, native_names: tuple[str, ...]):
+    """Pool facts for serving, with the read rate and path of the disk that holds the model cache."""
+    disk = pool_cache_disk(pool)
+    return pool_info(pool, native_names, cache_read_mib_s=disk.read_mib_s, model_cache_host_path=disk.host_path)
+
+
+def existing_cluster_cni(cluster_name: str, region: str) -> Optional[str]:
+    """The CNI tag of an EKS cluster of that name that already exists in the region: `""` when it
+    has no tag, None when there is no such cluster (a first `pulumi up`)."""
+    names = aws.eks.get_clusters(region=region).names or []
+    if cluster_name not in names:
+        return None
+    return (aws.eks.get_cluster(name=cluster_name, region=region).tags or {}).get(CNI_TAG, "")

@@ -8,9 +8,16 @@ from typing import Annotated, Literal
 
 from pydantic import ConfigDict, Field, StringConstraints, field_validator, model_validator
 
+from components.aws.disks import ModelCache
+from components.aws.facts import DEFAULT_AMI_RELEASE, INSTANCE_TYPE, ami_alias_problem, is_arm64_family
 from components.catalog import InstanceType, load_catalog
 from components.config_types import AWS_SPOT_NOTICE_S, Base, Cidr, Duration, Name, allowed
 from components.node_pools import GpuPoolBase, KubeletNumaConfig, cpuset_cpus, reserved_cpus_for
+
+
+NODEPOOL_BUDGET_NODES = r"^((100|[0-9]{1,2})%|[0-9]+)$"
+"""`spec.disruption.budgets[].nodes` pattern of the karpenter.sh/v1 NodePool CRD (Karpenter 1.15;
+vendored in tests/schemas/karpenter.sh_v1_NodePool.json)."""
 
 
 class AwsGpuPool(GpuPoolBase):
@@ -19,11 +26,14 @@ class AwsGpuPool(GpuPoolBase):
     instance_types_allowed: list[str] = Field(default_factory=list, alias="instance_types")
     """EC2 GPU instance types from the catalog."""
     root_volume_gib: int = Field(200, ge=50, le=16384)
-    """Encrypted gp3 root volume, sized for model caches."""
+    """Encrypted gp3 root volume (holds the model cache with `model_cache: root-volume`)."""
+    model_cache: ModelCache = "instance-store"
+    """Where model weights are cached: `instance-store` (the types' local NVMe as RAID0) or
+    `root-volume` (the gp3 root volume, with provisioned throughput)."""
     consolidate_after: Duration = "10m"
     """Karpenter `disruption.consolidateAfter`."""
-    disruption_budget_nodes: Annotated[str, StringConstraints(pattern=r"^([0-9]+%?)$")] = "10%"
-    """Karpenter disruption budget (`nodes`), a count or a percentage."""
+    disruption_budget_nodes: Annotated[str, StringConstraints(pattern=NODEPOOL_BUDGET_NODES)] = "10%"
+    """Karpenter disruption budget (`nodes`): a count, or a percentage from 0% to 100%."""
     expire_after: Duration = "720h"
     """Karpenter `expireAfter`: node lifetime."""
 
@@ -57,6 +67,12 @@ class AwsGpuPool(GpuPoolBase):
         # One EC2NodeClass (one kubelet config) serves every type of the pool, so the largest
         # type's CPU reservation lands on the smallest one too.
         types = self.instance_types
+        no_nvme = [t.name for t in types if not t.local_nvme_gb]
+        if self.model_cache == "instance-store" and no_nvme:
+            raise ValueError(
+                f"model_cache: {no_nvme} have no NVMe instance store; allowed: root-volume, or types "
+                f"with local NVMe"
+            )
         reserved = max(reserved_cpus_for(t.vcpus) for t in types)
         small = [t.name for t in types if reserved > t.vcpus // 2]
         if small:
@@ -95,13 +111,26 @@ class EksEndpoint(Base):
 
 class SystemNodeGroup(Base):
     instance_type: str = "m7i.xlarge"
-    """Instance type of the system nodes."""
+    """Instance type of the system nodes (x86_64: the group runs the AL2023 x86_64 AMI)."""
     min_size: int = Field(2, ge=1)
     """Minimum system nodes."""
     desired_size: int = Field(2, ge=1)
     """Initial system nodes."""
     max_size: int = Field(4, ge=1)
     """Maximum system nodes."""
+
+    @field_validator("instance_type")
+    @classmethod
+    def _ec2_type(cls, v: str) -> str:
+        m = INSTANCE_TYPE.match(v)
+        if not m:
+            raise ValueError(f"'{v}' is not an EC2 instance type; allowed: <family>.<size>, e.g. m7i.xlarge")
+        if is_arm64_family(m["family"]):
+            raise ValueError(
+                f"'{v}' is a Graviton (arm64) type but the group runs AL2023_x86_64_STANDARD; allowed: an "
+                f"x86_64 type, e.g. m7i.xlarge"
+            )
+        return v
 
     @model_validator(mode="after")
     def _sizes(self):
@@ -124,9 +153,10 @@ class KarpenterConfig(Base):
     """SQS interruption queue + EventBridge rules (required with spot pools)."""
     replicas: int = Field(2, ge=1, le=5)
     """Karpenter controller replicas."""
-    ami_alias: Annotated[str, StringConstraints(pattern=r"^al2023@(v[0-9]{8}|latest)$")] = "al2023@v20260512"
+    ami_alias: Annotated[str, StringConstraints(pattern=r"^al2023@(v[0-9]{8}|latest)$")] = f"al2023@{DEFAULT_AMI_RELEASE}"
     """EC2NodeClass `amiSelectorTerms[].alias`: an AL2023 EKS AMI release (GPU types get the NVIDIA
-    variant). `al2023@latest` follows AWS's recommended AMI and is refused in prod."""
+    variant), no older than the first release for `kubernetes_version`. `al2023@latest` follows
+    AWS's recommended AMI and is refused in prod."""
 
 
 CILIUM_CLUSTER_NAME_MAX = 32
@@ -189,6 +219,9 @@ class AwsCluster(Base):
                     f"gpu_pools[{j}] ('{pool.name}', smallest type {smallest} vCPUs); allowed: CPU ids "
                     f"below {smallest}, at most {smallest // 2} of them"
                 )
+        problem = ami_alias_problem(self.karpenter.ami_alias, self.kubernetes_version)
+        if problem:
+            raise ValueError(f"karpenter.ami_alias: {problem}")
         if self.cilium.enabled and not self.endpoint.private_access:
             raise ValueError(
                 "endpoint.private_access: Cilium's kube-proxy replacement reaches the API server from "

@@ -6,9 +6,13 @@ import json
 from typing import Any
 
 from components.aws.config import AwsCluster
+from components.config_loader import ConfigError
 from components.aws.karpenter_specs import CILIUM_STARTUP_TAINT
 
 CLUSTER_LOG_TYPES = ["api", "audit", "authenticator"]
+CNI_TAG = "gpuinfra.io/cni"
+"""Tag on the EKS cluster recording the CNI it was created with (`bootstrapSelfManagedAddons` is
+creation-only, so this is the only place the choice can be read back from)."""
 SYSTEM_NODE_LABEL = {"gpuinfra.io/node-role": "system"}
 
 
@@ -64,3 +68,33 @@ def coredns_configuration(c: AwsCluster) -> dict[str, Any]:
         "nodeSelector": dict(SYSTEM_NODE_LABEL),
         "tolerations": [{"key": "CriticalAddonsOnly", "operator": "Exists"}],
     }
+
+
+def cni_mode(c: AwsCluster) -> str:
+    return "cilium" if c.cilium.enabled else "aws-vpc-cni"
+
+
+def cni_change_problem(c: AwsCluster, recorded: str | None) -> str | None:
+    """Why this config cannot be applied to the existing cluster, or None.
+
+    `recorded` is the cluster's `CNI_TAG` (None: no such cluster yet; "": a cluster from before
+    the tag, whose CNI is unknown). EKS applies `bootstrapSelfManagedAddons` only when it creates
+    a cluster, and pulumi-eks ignores changes to it (pulumi/pulumi-eks nodejs/eks/cluster/cluster.ts,
+    `ignoreChanges: ["bootstrapSelfManagedAddons"]`): turning Cilium on later leaves aws-node and
+    kube-proxy running beside it; turning it off leaves a cluster with no CNI at all.
+    """
+    wanted = cni_mode(c)
+    if not recorded or recorded == wanted:
+        return None
+    return (
+        f"clusters[name={c.name}].cilium.enabled: the EKS cluster '{c.name}' in {c.region} was created "
+        f"with the {recorded} CNI (tag {CNI_TAG}) and EKS applies bootstrapSelfManagedAddons only at "
+        f"creation; allowed: cilium.enabled: {str(recorded == 'cilium').lower()} for this cluster, or a "
+        f"new cluster (another clusters[].name) for {wanted}"
+    )
+
+
+def check_cni_unchanged(c: AwsCluster, recorded: str | None) -> None:
+    problem = cni_change_problem(c, recorded)
+    if problem:
+        raise ConfigError(problem)

@@ -51,10 +51,23 @@ def interruption_queue_policy(queue_arn: str) -> dict[str, Any]:
     }
 
 
-def assume_role_ec2() -> dict[str, Any]:
+EC2_PRINCIPALS = ("ec2.amazonaws.com", "ec2.amazonaws.com.cn")
+"""The EC2 service principal in every partition (`aws`/`aws-us-gov` and `aws-cn`): the v1.15
+reference template's `iam:PassedToService` lists both."""
+
+
+def ec2_principal(dns_suffix: str) -> str:
+    """`ec2.<partition DNS suffix>`: the reference template's `!Sub "ec2.${AWS::URLSuffix}"`
+    (`amazonaws.com`; `amazonaws.com.cn` in China, from `aws.get_partition().dns_suffix`)."""
+    return f"ec2.{dns_suffix}"
+
+
+def assume_role_ec2(dns_suffix: str = "amazonaws.com") -> dict[str, Any]:
     return {
         "Version": "2012-10-17",
-        "Statement": [{"Effect": "Allow", "Principal": {"Service": "ec2.amazonaws.com"}, "Action": "sts:AssumeRole"}],
+        "Statement": [
+            {"Effect": "Allow", "Principal": {"Service": ec2_principal(dns_suffix)}, "Action": "sts:AssumeRole"}
+        ],
     }
 
 
@@ -191,7 +204,7 @@ def controller_policy(
             "Effect": "Allow",
             "Resource": node_role_arn,
             "Action": "iam:PassRole",
-            "Condition": {"StringEquals": {"iam:PassedToService": ["ec2.amazonaws.com"]}},
+            "Condition": {"StringEquals": {"iam:PassedToService": list(EC2_PRINCIPALS)}},
         },
         {
             "Sid": "AllowScopedInstanceProfileCreationActions",

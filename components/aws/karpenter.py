@@ -16,6 +16,8 @@ import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
 from components.aws.config import AwsCluster
+from components.aws.names import event_rule_name, iam_role_name
+from components.aws.names import queue_name as interruption_queue_name
 from components.aws.iam import (
     assume_role_ec2,
     controller_policy,
@@ -71,7 +73,11 @@ class Karpenter(pulumi.ComponentResource):
 
         # --- node role and its access entry --------------------------------------------------
         self.node_role = aws.iam.Role(
-            f"{name}-node", assume_role_policy=json.dumps(assume_role_ec2()), tags=args.tags, opts=on_aws
+            f"{name}-node",
+            name=iam_role_name(c.name, c.region, "karpenter-node"),
+            assume_role_policy=partition.dns_suffix.apply(lambda d: json.dumps(assume_role_ec2(d))),
+            tags=args.tags,
+            opts=on_aws,
         )
         for policy in node_role_policies(c.cilium.enabled):
             aws.iam.RolePolicyAttachment(
@@ -95,7 +101,7 @@ class Karpenter(pulumi.ComponentResource):
         if c.karpenter.interruption_queue:
             self.queue = aws.sqs.Queue(
                 f"{name}-interruption",
-                name=c.name,
+                name=interruption_queue_name(c.name),
                 message_retention_seconds=QUEUE_RETENTION_S,
                 sqs_managed_sse_enabled=True,
                 tags=args.tags,
@@ -113,6 +119,7 @@ class Karpenter(pulumi.ComponentResource):
             for rule_name, pattern in INTERRUPTION_RULES.items():
                 rule = aws.cloudwatch.EventRule(
                     f"{name}-{rule_name}",
+                    name=event_rule_name(c.name, rule_name),
                     event_pattern=json.dumps(pattern),
                     tags=args.tags,
                     opts=on_aws,
@@ -128,6 +135,7 @@ class Karpenter(pulumi.ComponentResource):
         # --- controller role (IRSA) ----------------------------------------------------------
         controller_role = aws.iam.Role(
             f"{name}-controller",
+            name=iam_role_name(c.name, c.region, "karpenter"),
             assume_role_policy=pulumi.Output.all(args.oidc_provider_arn, args.oidc_issuer).apply(
                 lambda a: json.dumps(irsa_trust(a[0], a[1], KARPENTER_NAMESPACE, KARPENTER_SERVICE_ACCOUNT))
             ),

@@ -14,6 +14,7 @@ from typing import Any, Literal
 from components.platform.cluster_handle import GPU_TAINT, pool_node_labels
 from components.aws.config import AwsCluster, AwsGpuPool
 from components.node_pools import effective_reserved_cpus, pool_kubelet, pool_reserved_cpus
+from components.aws.disks import CacheDisk, model_cache_disk
 from components.aws.nodeadm import mime_user_data, node_config
 
 KARPENTER_VERSION = "1.15.0"
@@ -87,11 +88,30 @@ def pool_user_data(cluster: AwsCluster, pool: AwsGpuPool) -> str:
     return mime_user_data(node_config(pool_kubelet(cluster, pool), pool_reserved_cpus(pool)))
 
 
+def pool_cache_disk(pool: AwsGpuPool) -> CacheDisk:
+    return model_cache_disk(pool.instance_types, pool.model_cache)
+
+
+def root_volume(pool: AwsGpuPool, disk: CacheDisk) -> dict[str, Any]:
+    """The encrypted gp3 root volume; with provisioned throughput when it holds the weights."""
+    ebs: dict[str, Any] = {
+        "volumeSize": f"{pool.root_volume_gib}Gi",
+        "volumeType": "gp3",
+        "encrypted": True,
+        "deleteOnTermination": True,
+    }
+    if disk.gp3_throughput_mib_s is not None:
+        ebs["throughput"] = disk.gp3_throughput_mib_s
+        ebs["iops"] = disk.gp3_iops
+    return {"deviceName": "/dev/xvda", "ebs": ebs}
+
+
 def ec2_nodeclass_spec(
     cluster: AwsCluster, pool: AwsGpuPool, node_role_name: Any, tags: dict[str, str]
 ) -> dict[str, Any]:
     """`EC2NodeClass.spec` (karpenter.k8s.aws/v1) for a GPU pool."""
     discovery = {"tags": {DISCOVERY_TAG: cluster.name}}
+    disk = pool_cache_disk(pool)
     spec: dict[str, Any] = {
         "amiSelectorTerms": [{"alias": cluster.karpenter.ami_alias}],
         "role": node_role_name,
@@ -103,20 +123,12 @@ def ec2_nodeclass_spec(
             "httpPutResponseHopLimit": 1,
             "httpTokens": "required",
         },
-        "blockDeviceMappings": [
-            {
-                "deviceName": "/dev/xvda",
-                "ebs": {
-                    "volumeSize": f"{pool.root_volume_gib}Gi",
-                    "volumeType": "gp3",
-                    "encrypted": True,
-                    "deleteOnTermination": True,
-                },
-            }
-        ],
+        "blockDeviceMappings": [root_volume(pool, disk)],
         "userData": pool_user_data(cluster, pool),
         "tags": {**tags, "gpuinfra.io/pool": pool.name},
     }
+    if disk.kind == "instance-store":
+        spec["instanceStorePolicy"] = "RAID0"
     if pool_kubelet(cluster, pool).cpu_manager_policy == "static":
         # kubelet turns reservedSystemCPUs into the node's whole CPU reservation; telling Karpenter
         # the same amount keeps its bin-packing simulation equal to the node's real allocatable.

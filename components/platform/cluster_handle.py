@@ -45,9 +45,17 @@ class GpuPoolInfo:
     """Sustained read throughput, MiB/s, of the volume that holds the model cache on the pool's
     nodes: what a cold start reads the weights at. Each cluster component derives it from its disk
     settings; 125 is a gp3 volume's baseline (the slowest default of the clouds served)."""
+    model_cache_host_path: Optional[str] = None
+    """Node directory the model cache must use on this pool (e.g. on the NVMe RAID0 of AWS pools
+    with `model_cache: instance-store`); None: the model's own `cache.host_path`."""
 
 
-def pool_info(pool: AnyPool, native_names: tuple[str, ...] = (), cache_read_mib_s: int = 125) -> GpuPoolInfo:
+def pool_info(
+    pool: AnyPool,
+    native_names: tuple[str, ...] = (),
+    cache_read_mib_s: int = 125,
+    model_cache_host_path: Optional[str] = None,
+) -> GpuPoolInfo:
     """Scheduling facts for a pool: managed pools carry our labels and the GPU taint."""
     types = pool.instance_types
     if isinstance(pool, ExistingGpuPool):
@@ -66,6 +74,7 @@ def pool_info(pool: AnyPool, native_names: tuple[str, ...] = (), cache_read_mib_
         tolerations=tolerations,
         native_names=native_names,
         cache_read_mib_s=cache_read_mib_s,
+        model_cache_host_path=model_cache_host_path,
     )
 
 

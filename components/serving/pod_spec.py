@@ -163,9 +163,11 @@ def topology_spread(m: ModelConfig) -> list[dict[str, Any]]:
     ]
 
 
-def volumes(m: ModelConfig, name: str) -> list[dict[str, Any]]:
+def volumes(m: ModelConfig, name: str, pool: Optional[GpuPoolInfo] = None) -> list[dict[str, Any]]:
     if m.cache.kind == "host_path":
-        cache = {"name": "model-cache", "hostPath": {"path": m.cache.host_path, "type": "DirectoryOrCreate"}}
+        # The pool may pin the directory to the disk that holds its cache (AWS instance-store RAID0).
+        path = (pool.model_cache_host_path if pool else None) or m.cache.host_path
+        cache = {"name": "model-cache", "hostPath": {"path": path, "type": "DirectoryOrCreate"}}
     else:
         cache = {"name": "model-cache", "persistentVolumeClaim": {"claimName": pvc_name(name)}}
     return [
@@ -334,7 +336,7 @@ def pod_spec(
         "topologySpreadConstraints": topology_spread(m),
         "initContainers": init,
         "containers": [vllm_container(m, hf_secret)],
-        "volumes": volumes(m, name),
+        "volumes": volumes(m, name, pool),
     }
 
 
