@@ -45,9 +45,14 @@ class GpuPoolInfo:
     """Sustained read throughput, MiB/s, of the volume that holds the model cache on the pool's
     nodes: what a cold start reads the weights at. Each cluster component derives it from its disk
     settings; 125 is a gp3 volume's baseline (the slowest default of the clouds served)."""
+    cache_host_path: Optional[str] = None
+    """Node directory a `host_path` model cache must use on this pool's node image (e.g. a writable
+    path on GKE's read-only-root COS); None: the model's `cache.host_path`."""
 
 
-def pool_info(pool: AnyPool, native_names: tuple[str, ...] = (), cache_read_mib_s: int = 125) -> GpuPoolInfo:
+def pool_info(
+    pool: AnyPool, native_names: tuple[str, ...] = (), cache_read_mib_s: int = 125, cache_host_path: Optional[str] = None
+) -> GpuPoolInfo:
     """Scheduling facts for a pool: managed pools carry our labels and the GPU taint."""
     types = pool.instance_types
     if isinstance(pool, ExistingGpuPool):
@@ -66,6 +71,7 @@ def pool_info(pool: AnyPool, native_names: tuple[str, ...] = (), cache_read_mib_
         tolerations=tolerations,
         native_names=native_names,
         cache_read_mib_s=cache_read_mib_s,
+        cache_host_path=cache_host_path,
     )
 
 
