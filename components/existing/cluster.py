@@ -68,14 +68,14 @@ def kubeconfig_text(value: Any) -> str:
 
 def as_kubeconfig(value: Any) -> dict[str, Any] | None:
     """`value` parsed as a kubeconfig (JSON or YAML text, or a mapping), or None when it is not one:
-    a kubeconfig is a `kind: Config` document with clusters (client-go clientcmd v1 Config)."""
+    a kubeconfig is a `kind: Config` document (client-go clientcmd v1 Config)."""
     doc = value
     if isinstance(value, str):
         try:
             doc = yaml.safe_load(value)  # JSON is YAML too
         except yaml.YAMLError:
             return None
-    if isinstance(doc, dict) and doc.get("kind") == "Config" and isinstance(doc.get("clusters"), list):
+    if isinstance(doc, dict) and doc.get("kind") == "Config":
         return doc
     return None
 
@@ -85,7 +85,7 @@ def checked_kubeconfig(value: Any, source: str) -> str:
     if as_kubeconfig(value) is None:
         got = f"a {type(value).__name__}" if not isinstance(value, str) else f"a {len(value)}-character string"
         raise ValueError(
-            f"{source} is not a kubeconfig (got {got} without `kind: Config` and `clusters`); allowed: a "
+            f"{source} is not a kubeconfig (got {got} without `kind: Config`); allowed: a "
             f"kubeconfig document (YAML or JSON)"
         )
     return kubeconfig_text(value)
