@@ -67,6 +67,16 @@ class Catalog:
     aws: dict[str, InstanceType]
     gcp: dict[str, InstanceType]
     gcp_accelerator_regions: dict[str, tuple[str, ...]]
+    gcp_accelerator_zones: dict[str, dict[str, tuple[str, ...]]] = field(default_factory=dict)
+    """accelerator -> region -> zones where its machine types exist (gpu_catalog.yaml, with source)."""
+    gcp_spot_or_flex_start_only: frozenset[str] = frozenset()
+    """GCP machine types Compute Engine sells only as Spot or Flex-start VMs (no on-demand)."""
+    gcp_flex_start_families: frozenset[str] = frozenset()
+    """GCP machine families that can be created with the flex-start provisioning model."""
+    gcp_boot_disk_types: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """GCP machine family -> boot disk types a node pool may use on it."""
+    gcp_bundled_local_ssds: dict[str, int] = field(default_factory=dict)
+    """GCP machine type -> number of 375 GB local SSDs that come with it."""
     prices: dict[str, dict[str, dict[str, Price]]] = field(default_factory=dict)
     """cloud -> region -> instance type -> Price."""
     price_sources: dict[str, dict[str, str]] = field(default_factory=dict)
@@ -103,6 +113,14 @@ def load_catalog(path: Path = CATALOG_PATH) -> Catalog:
         aws=aws,
         gcp=gcp,
         gcp_accelerator_regions={k: tuple(v) for k, v in raw["gcp_accelerator_regions"].items()},
+        gcp_accelerator_zones={
+            acc: {region: tuple(zones) for region, zones in by_region.items()}
+            for acc, by_region in (raw.get("gcp_accelerator_zones") or {}).items()
+        },
+        gcp_spot_or_flex_start_only=frozenset(raw["gcp_provisioning"]["spot_or_flex_start_only"]),
+        gcp_flex_start_families=frozenset(raw["gcp_provisioning"]["flex_start_capable"]),
+        gcp_boot_disk_types={k: tuple(v) for k, v in raw["gcp_boot_disk_types"].items()},
+        gcp_bundled_local_ssds={k: int(v) for k, v in raw["gcp_bundled_local_ssds"].items()},
         prices=_prices(raw.get("prices") or {}, {"aws": aws, "gcp": gcp}, sources),
         price_sources=sources,
     )

@@ -36,10 +36,10 @@ RESTRICTED_VOLUME_TYPES = (
 """The volume types Pod Security "restricted" allows (besides the allow-listed hostPaths)."""
 VOLUME_META_KEYS = ("name",)
 
-DEFAULT_HOST_PATHS = ["/mnt/models", "/mnt/k8s-disks/0/models"]
+DEFAULT_HOST_PATHS = ["/mnt/models", "/mnt/k8s-disks/0/models", "/var/lib/gpuinfra/models"]
 """Host paths any workload may mount: the node-local model caches the platform itself places (the
-default `models[].cache.host_path`, and the instance-store RAID0 cache on AWS NVMe pools,
-components/aws/disks.py). The pack runs without the platform's code, so these are restated here and
+default `models[].cache.host_path`, the instance-store RAID0 cache on AWS NVMe pools,
+components/aws/disks.py, and the writable cache directory on GKE's COS, components/gcp/specs.py). The pack runs without the platform's code, so these are restated here and
 tests/test_policies_rules.py checks they match."""
 EBPF_AGENT_HOST_PATHS = [
     "/sys/fs/bpf",

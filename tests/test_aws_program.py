@@ -287,9 +287,9 @@ def test_aws_pool_info_carries_the_cache_disk():
     (aws,) = [c for c in cfg.clusters if c.cloud == "aws"]
     for pool in aws.gpu_pools:
         info = aws_pool_info(pool, ())
-        assert (info.cache_read_mib_s, info.model_cache_host_path) == (NVME_READ_FLOOR_MIB_S, NVME_MODEL_CACHE_PATH)
+        assert (info.cache_read_mib_s, info.cache_host_path) == (NVME_READ_FLOOR_MIB_S, NVME_MODEL_CACHE_PATH)
         gp3 = aws_pool_info(pool.model_copy(update={"model_cache": "root-volume"}), ())
-        assert gp3.model_cache_host_path is None and 125 < gp3.cache_read_mib_s <= 1000, gp3
+        assert gp3.cache_host_path is None and 125 < gp3.cache_read_mib_s <= 1000, gp3
 
 
 def one_per_pool(run: ProgramRun) -> list:

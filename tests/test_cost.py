@@ -92,7 +92,8 @@ def test_existing_cluster_pools_are_not_priced():
 
 def test_gcp_pool_uses_the_gcp_prices():
     c = GcpCluster.model_validate({"cloud": "gcp", "name": "g", "project": "acme-test", "region": "us-central1",
-                                   "gpu_pools": [{"name": "l4", "machine_type": "g2-standard-48", "max_nodes": 6}]})
+                                   "gpu_pools": [{"name": "l4", "machine_type": "g2-standard-48", "max_nodes": 6,
+                                                  "zones": ["us-central1-a"]}]})
     p = pool_cost(c, c.gpu_pools[0], CAT)
     assert p.instance_type == "g2-standard-48" and p.gpus_per_node == 4
     assert p.planned_node_hourly == CAT.price("gcp", "us-central1", "g2-standard-48").spot

@@ -83,7 +83,7 @@ def test_kubeconfig_from_a_secret_config_key_stays_secret():
         del c["stack_reference"]
         c["kubeconfig_secret"] = "teamKubeconfig"
 
-    kubeconfig = '{"apiVersion": "v1", "kind": "Config", "current-context": "from-secret"}'
+    kubeconfig = '{"apiVersion": "v1", "kind": "Config", "current-context": "from-secret", "clusters": []}'
     run = _byo_with(use_secret, secrets={"teamKubeconfig": kubeconfig})
     assert run.error is None, run.error
     p = run.get("pulumi:providers:kubernetes", "team-gke-k8s")
@@ -106,5 +106,9 @@ def test_existing_gcp_cluster_budgets_the_pod_share_of_the_gke_notice():
     from components.existing.config import ExistingCluster
     from components.gcp.config import GKE_CRITICAL_PODS_GRACE_S
 
-    c = ExistingCluster.model_validate(stack_config("byo")[CLUSTERS_KEY][0])
-    assert c.spot_notice_s == GKE_DEFAULT_SPOT_NOTICE_S - GKE_CRITICAL_PODS_GRACE_S
+    raw = stack_config("byo")[CLUSTERS_KEY][0]
+    c = ExistingCluster.model_validate(raw)
+    # byo targets prod-usc1's spot nodes, which extend GKE's notice to 120 s (Pulumi.prod.yaml)
+    assert c.gke_preemption_notice_s == 120 and c.spot_notice_s == 120 - GKE_CRITICAL_PODS_GRACE_S
+    default = ExistingCluster.model_validate({k: v for k, v in raw.items() if k != "gke_preemption_notice_s"})
+    assert default.spot_notice_s == GKE_DEFAULT_SPOT_NOTICE_S - GKE_CRITICAL_PODS_GRACE_S

@@ -67,12 +67,14 @@ def test_a_fallback_exists_for_every_spot_pool(prod_run):
     for name, r in pools.items():
         if not r.inputs["nodeConfig"].get("spot"):
             continue
-        fb = pools.get(f"{name}-od")
-        assert fb is not None, f"{r.urn}: no on-demand fallback pool"
+        fb = pools.get(f"{name}-od") or pools.get(f"{name}-fs")
+        assert fb is not None, f"{r.urn}: no on-demand or flex-start fallback pool"
         nc, fnc = r.inputs["nodeConfig"], fb.inputs["nodeConfig"]
         assert fnc["spot"] is False, fb.urn
         assert fnc["labels"]["gpuinfra.io/pool"] == nc["labels"]["gpuinfra.io/pool"] == name, fb.urn
-        assert fnc["labels"]["gpuinfra.io/capacity"] == "on-demand", fb.urn
+        kind = "flex-start" if fb.inputs["name"].endswith("-fs") else "on-demand"
+        assert fnc["labels"]["gpuinfra.io/capacity"] == kind, fb.urn
+        assert fnc.get("flexStart", False) is (kind == "flex-start"), fb.urn
         assert fb.inputs["autoscaling"]["totalMinNodeCount"] == 0, f"{fb.urn}: fallback scales from zero"
         assert fnc["machineType"] == nc["machineType"], fb.urn
         assert fnc["kubeletConfig"]["topologyManager"] == nc["kubeletConfig"]["topologyManager"], fb.urn
@@ -166,7 +168,8 @@ def test_compute_class_mode_renders_a_compute_class_through_the_gke_provider():
         assert run.provider_of(r) is provider, r.urn
         prios = r.inputs["spec"]["priorities"]
         pool = r.inputs["metadata"]["name"].removeprefix("gpuinfra-")
-        assert prios == [{"nodepools": [pool]}, {"nodepools": [f"{pool}-od"]}], r.urn
+        fallback = {"h100": "h100-fs", "l4": "l4-od"}[pool]  # A3 High 4g has no on-demand: flex-start
+        assert prios == [{"nodepools": [pool]}, {"nodepools": [fallback]}], r.urn
     # both node pools of a class carry its label and taint, so the class can scale them
     for r in gpu_pools(run):
         nc = r.inputs["nodeConfig"]

@@ -22,6 +22,16 @@ KUBELET_KEYS = {
 }
 
 
+def _zoned(pools: list[dict]) -> list[dict]:
+    """Regional clusters need zones on every GPU pool: give each the catalog's zones for its GPU."""
+    cat = load_catalog()
+    out = []
+    for p in pools:
+        acc = cat.gcp[p["machine_type"]].accelerator
+        out.append({"zones": list(cat.gcp_accelerator_zones[acc]["us-central1"]), **p})
+    return out
+
+
 def gcp(**over) -> GcpCluster:
     base = {
         "cloud": "gcp",
@@ -34,6 +44,8 @@ def gcp(**over) -> GcpCluster:
         ],
     }
     base.update(over)
+    if not base.get("zonal") and base.get("region", "us-central1") == "us-central1":
+        base["gpu_pools"] = _zoned(base["gpu_pools"])
     return GcpCluster.model_validate(base)
 
 
@@ -43,7 +55,8 @@ def test_kubelet_maps_numa_config_one_to_one_and_only_known_fields():
     assert out["cpu_manager_policy"] == "static"
     assert out["topology_manager"] == {"policy": "single-numa-node", "scope": "pod"}
     assert set(out) <= KUBELET_KEYS
-    assert "shutdown_grace_period_seconds" not in out, "the default 30 s notice is GKE's own setting"
+    # optional+computed in pulumi-gcp: the default 30 s is sent too, or going back from 120 keeps 120
+    assert (out["shutdown_grace_period_seconds"], out["shutdown_grace_period_critical_pods_seconds"]) == (30, 15)
 
 
 @pytest.mark.parametrize("policy", ["none", "best-effort", "restricted", "single-numa-node"])
@@ -67,7 +80,7 @@ def test_extended_notice_sets_the_shutdown_window_on_spot_pools_only():
 
 @pytest.mark.parametrize("notice", [30, 120])
 def test_spot_notice_the_serving_layer_sees_is_what_regular_pods_get(notice):
-    c = gcp(preemption_notice_s=notice)
+    c = gcp(preemption_notice_s=notice, min_master_version="1.35.0-gke.1171000")
     assert c.spot_notice_s == pod_shutdown_grace_s(notice) == notice - GKE_CRITICAL_PODS_GRACE_S
 
 
@@ -158,15 +171,16 @@ def test_every_catalog_machine_gets_its_catalog_accelerator():
     cat = load_catalog()
     for machine, t in cat.gcp.items():
         region = cat.gcp_accelerator_regions[t.accelerator][0]
-        c = gcp(region=region, gpu_pools=[{"name": "p", "machine_type": machine, "max_nodes": 1}])
+        pool = {"name": "p", "machine_type": machine, "max_nodes": 1, "fallback_provisioning": "flex-start"}
+        c = gcp(region=region, zonal=True, gpu_pools=[pool])
         acc = spec.gpu_node_pool_args(c, c.gpu_pools[0], "spot", {})["node_config"]["guest_accelerators"][0]
         assert (acc["type"], acc["count"]) == (t.accelerator, t.gpu_count), machine
 
 
 @given(min_nodes=st.integers(0, 1000), zones=st.integers(0, 4), zonal=st.booleans())
 def test_initial_node_count_reaches_min_in_total_without_overshooting_a_zone(min_nodes, zones, zonal):
-    pool = gcp(gpu_pools=[{
-        "name": "p", "machine_type": "g2-standard-8", "min_nodes": min_nodes, "max_nodes": max(min_nodes, 1),
+    pool = gcp(zonal=True, gpu_pools=[{
+        "name": "p", "machine_type": "a2-highgpu-1g", "min_nodes": min_nodes, "max_nodes": max(min_nodes, 1),
         "zones": [f"us-central1-{z}" for z in "abcf"[:zones]],
     }]).gpu_pools[0]
     n = spec.initial_node_count(pool, zonal)

@@ -325,7 +325,8 @@ def test_policy_constants_match_what_the_components_render():
 def test_default_host_paths_are_the_model_caches_the_platform_places():
     """The pack restates the platform's cache paths (it runs without the platform's code)."""
     from components.aws.disks import NVME_MODEL_CACHE_PATH
+    from components.gcp.specs import COS_MODEL_CACHE_DIR
     from components.serving.config import ModelCache
     from policies.pod_security_rules import DEFAULT_HOST_PATHS
 
-    assert set(DEFAULT_HOST_PATHS) == {ModelCache().host_path, NVME_MODEL_CACHE_PATH}
+    assert set(DEFAULT_HOST_PATHS) == {ModelCache().host_path, NVME_MODEL_CACHE_PATH, COS_MODEL_CACHE_DIR}

@@ -76,6 +76,14 @@ RESOURCE_OUTPUTS: dict[str, Callable[[str, dict[str, Any]], dict[str, Any]]] = {
     "gcp:container/cluster:Cluster": lambda n, i: {
         "endpoint": f"34.1.{int(_hex(n, 2), 16)}.10",
         "masterAuth": {"clusterCaCertificate": FAKE_CA},
+        # GKE's DNS-based control-plane endpoint (output only): gke-<hash>.<location>.gke.goog
+        "controlPlaneEndpointsConfig": {
+            **i.get("controlPlaneEndpointsConfig", {}),
+            "dnsEndpointConfig": {
+                **i.get("controlPlaneEndpointsConfig", {}).get("dnsEndpointConfig", {}),
+                "endpoint": f"gke-{_hex(n, 32)}.{i.get('location', 'l')}.gke.goog",
+            },
+        },
         "selfLink": f"https://container.googleapis.com/v1/projects/{i.get('project', 'p')}/locations/{i.get('location', 'l')}/clusters/{i.get('name', n)}",
         "id": f"projects/{i.get('project', 'p')}/locations/{i.get('location', 'l')}/clusters/{i.get('name', n)}",
     },
@@ -90,6 +98,7 @@ RESOURCE_OUTPUTS: dict[str, Callable[[str, dict[str, Any]], dict[str, Any]]] = {
         "outputs": {
             "kubeconfigs": {c: _fake_kubeconfig(c) for c in ("prod-usc1", "prod-use1", "team-gke")},
             "kubeconfig": _fake_kubeconfig("upstream"),
+            "region": "us-central1",  # a plain output that is not a kubeconfig
         },
         "secretOutputNames": ["kubeconfigs", "kubeconfig"],
     },

@@ -332,7 +332,7 @@ class AwsGpuCluster(pulumi.ComponentResource):
 def aws_pool_info(pool, native_names: tuple[str, ...]):
     """Pool facts for serving, with the read rate and path of the disk that holds the model cache."""
     disk = pool_cache_disk(pool)
-    return pool_info(pool, native_names, cache_read_mib_s=disk.read_mib_s, model_cache_host_path=disk.host_path)
+    return pool_info(pool, native_names, cache_read_mib_s=disk.read_mib_s, cache_host_path=disk.host_path)
 
 
 def existing_cluster_cni(cluster_name: str, region: str) -> Optional[str]:

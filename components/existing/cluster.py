@@ -12,6 +12,7 @@ from typing import Any, Optional
 
 import pulumi
 import pulumi_kubernetes as k8s
+import yaml
 
 from components.platform.cluster_handle import ClusterHandle, pool_info
 from components.existing.config import ExistingCluster as ExistingClusterConfig, KubeconfigFromStack
@@ -37,12 +38,12 @@ class ExistingCluster(pulumi.ComponentResource):
             ref = c.stack_reference
             self.stack_reference = pulumi.StackReference(f"{name}-ref", ref.stack, opts=child)
             value = self.stack_reference.require_output(ref.output)
-            kubeconfig = pulumi.Output.secret(value if ref.key is None else value.apply(lambda m: _entry(m, ref)))
+            kubeconfig = pulumi.Output.secret(value.apply(lambda v: kubeconfig_from_stack(v, ref)))
         elif args.kubeconfig is not None:
-            kubeconfig = pulumi.Output.secret(args.kubeconfig)
+            key = f"kubeconfig_secret: config key '{c.kubeconfig_secret}'"
+            kubeconfig = pulumi.Output.secret(pulumi.Output.from_input(args.kubeconfig).apply(lambda v: checked_kubeconfig(v, key)))
         else:
             raise ValueError(f"cluster '{c.name}': no kubeconfig source (config validation should catch this)")
-        kubeconfig = kubeconfig.apply(kubeconfig_text)
         provider = k8s.Provider(f"{name}-k8s", kubeconfig=kubeconfig, opts=child)
         self.handle = ClusterHandle(
             cloud="existing",
@@ -65,10 +66,41 @@ def kubeconfig_text(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value)
 
 
-def _entry(outputs: Any, ref: KubeconfigFromStack) -> Any:
-    if not isinstance(outputs, dict) or ref.key not in outputs:
-        have = sorted(outputs) if isinstance(outputs, dict) else type(outputs).__name__
+def as_kubeconfig(value: Any) -> dict[str, Any] | None:
+    """`value` parsed as a kubeconfig (JSON or YAML text, or a mapping), or None when it is not one:
+    a kubeconfig is a `kind: Config` document (client-go clientcmd v1 Config)."""
+    doc = value
+    if isinstance(value, str):
+        try:
+            doc = yaml.safe_load(value)  # JSON is YAML too
+        except yaml.YAMLError:
+            return None
+    if isinstance(doc, dict) and doc.get("kind") == "Config":
+        return doc
+    return None
+
+
+def checked_kubeconfig(value: Any, source: str) -> str:
+    """`value` as provider input, or an error that names where it came from and what was there."""
+    if as_kubeconfig(value) is None:
+        got = f"a {type(value).__name__}" if not isinstance(value, str) else f"a {len(value)}-character string"
         raise ValueError(
-            f"stack_reference.key: output '{ref.output}' of {ref.stack} has no entry '{ref.key}'; allowed: {have}"
+            f"{source} is not a kubeconfig (got {got} without `kind: Config`); allowed: a "
+            f"kubeconfig document (YAML or JSON)"
         )
-    return outputs[ref.key]
+    return kubeconfig_text(value)
+
+
+def kubeconfig_from_stack(value: Any, ref: KubeconfigFromStack) -> str:
+    """The kubeconfig a StackReference output holds: the `key` entry of a map output, else the output
+    itself. A map given without `key` fails listing its keys; anything else that is no kubeconfig fails
+    naming the output."""
+    where = f"output '{ref.output}' of {ref.stack}"
+    if ref.key is not None:
+        if not isinstance(value, dict) or ref.key not in value:
+            have = sorted(value) if isinstance(value, dict) else f"none ({where} is a {type(value).__name__}, not a map)"
+            raise ValueError(f"stack_reference.key: {where} has no entry '{ref.key}'; allowed: {have}")
+        return checked_kubeconfig(value[ref.key], f"stack_reference.key: entry '{ref.key}' of {where}")
+    if isinstance(value, dict) and as_kubeconfig(value) is None:
+        raise ValueError(f"stack_reference.key: {where} is a map; set key to one of: {', '.join(sorted(value))}")
+    return checked_kubeconfig(value, f"stack_reference.output: {where}")

@@ -82,6 +82,9 @@ class ExistingCluster(Base):
     """Read the kubeconfig from another stack's output."""
     underlying_cloud: Literal["aws", "gcp", "other"] = "other"
     """Where the nodes run: sets the spot notice the serving drain budgets against."""
+    gke_preemption_notice_s: Literal[30, 120] = GKE_DEFAULT_SPOT_NOTICE_S
+    """With `underlying_cloud: gcp`: the spot nodes' graceful-shutdown window (30 s GKE default, 120 s
+    when that cluster extends it); pods get it minus the 15 s GKE keeps for critical pods."""
     region: str = "unknown"
     """Informational region."""
     gpu_pools: list[ExistingGpuPool] = Field(min_length=1)
@@ -95,7 +98,7 @@ class ExistingCluster(Base):
 
     @property
     def spot_notice_s(self) -> int:
-        gke = pod_shutdown_grace_s(GKE_DEFAULT_SPOT_NOTICE_S)  # what a pod gets on a default GKE spot node
+        gke = pod_shutdown_grace_s(self.gke_preemption_notice_s)  # what a pod gets on those GKE spot nodes
         return {"aws": AWS_SPOT_NOTICE_S, "gcp": gke}.get(self.underlying_cloud, 0)
 
     @property

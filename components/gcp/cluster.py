@@ -14,7 +14,7 @@ import pulumi
 import pulumi_gcp as gcp
 import pulumi_kubernetes as k8s
 
-from components.gcp import specs as spec
+from components.gcp import access, specs as spec
 from components.platform.cluster_handle import ClusterHandle, GpuPoolInfo, pool_info
 from components.config_types import Environment
 from components.gcp.config import GcpCluster
@@ -25,6 +25,9 @@ class GcpGpuClusterArgs:
     config: GcpCluster
     environment: Environment
     tags: dict[str, str] = field(default_factory=dict)
+    addon_api_server_ports: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    """Pod ports the API server calls on the platform add-ons (by release): opened from the control
+    plane to the nodes beyond GKE's default 443/10250."""
 
 
 class GcpGpuCluster(pulumi.ComponentResource):
@@ -42,6 +45,15 @@ class GcpGpuCluster(pulumi.ComponentResource):
         super().__init__("gpuinfra:gcp:GcpGpuCluster", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         c, tags = args.config, args.tags
+
+        # Enabled, never disabled on destroy: other workloads in the project may use them.
+        self.project_services = [
+            gcp.projects.Service(
+                f"{name}-api-{svc.split('.')[0]}", project=c.project, service=svc, disable_on_destroy=False, opts=child
+            )
+            for svc in access.PROJECT_SERVICES
+        ]
+        child = pulumi.ResourceOptions(parent=self, depends_on=self.project_services)
 
         self.network = gcp.compute.Network(
             f"{name}-vpc",
@@ -88,6 +100,18 @@ class GcpGpuCluster(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self, depends_on=roles, ignore_changes=["nodeConfig"]),
         )
 
+        webhook_ports = access.control_plane_webhook_ports(args.addon_api_server_ports)
+        firewall = access.master_webhook_firewall_args(c, webhook_ports)
+        self.master_webhook_firewall = None
+        if firewall is not None:
+            self.master_webhook_firewall = gcp.compute.Firewall(
+                f"{name}-master-webhooks",
+                network=self.network.self_link,
+                target_service_accounts=[self.node_service_account.email],
+                **firewall,
+                opts=child,
+            )
+
         pool_opts = pulumi.ResourceOptions(parent=self, ignore_changes=["initialNodeCount"])
         system = spec.system_pool_args(c, tags)
         self.system_pool = gcp.container.NodePool(
@@ -106,9 +130,12 @@ class GcpGpuCluster(pulumi.ComponentResource):
                 opts=pool_opts,
             )
 
+        dns_endpoint = self.cluster.control_plane_endpoints_config.apply(
+            lambda cfg: cfg.dns_endpoint_config.endpoint if cfg and cfg.dns_endpoint_config else None
+        )
         kubeconfig = pulumi.Output.secret(
-            pulumi.Output.all(self.cluster.name, self.cluster.endpoint, self.cluster.master_auth.cluster_ca_certificate).apply(
-                lambda a: spec.gke_kubeconfig(f"gke_{c.project}_{cluster_args['location']}_{a[0]}", a[1], a[2])
+            pulumi.Output.all(self.cluster.name, dns_endpoint).apply(
+                lambda a: access.gke_kubeconfig(f"gke_{c.project}_{cluster_args['location']}_{a[0]}", a[1])
             )
         )
         provider = k8s.Provider(
@@ -133,7 +160,7 @@ class GcpGpuCluster(pulumi.ComponentResource):
             region=c.region,
             provider=provider,
             cluster_name=self.cluster.name,
-            endpoint=self.cluster.endpoint,
+            endpoint=dns_endpoint,
             kubeconfig=kubeconfig,
             oidc_issuer=pulumi.Output.concat("https://container.googleapis.com/v1/", self.cluster.id),
             gpu_pools={p.name: _pool_info(c, p) for p in c.gpu_pools},
@@ -145,6 +172,9 @@ class GcpGpuCluster(pulumi.ComponentResource):
                 "subnet": self.subnet,
                 "node_service_account": self.node_service_account,
                 "node_pools": self.node_pools,
+                "ip_endpoint": self.cluster.endpoint,
+                "master_webhook_firewall": self.master_webhook_firewall,
+                "project_services": self.project_services,
                 "compute_classes": self.compute_classes,
                 "preemption_notice_s": c.preemption_notice_s,
                 "workload_pool": cluster_args["workload_identity_config"]["workload_pool"],
@@ -153,7 +183,7 @@ class GcpGpuCluster(pulumi.ComponentResource):
         self.register_outputs(
             {
                 "clusterName": self.cluster.name,
-                "endpoint": self.cluster.endpoint,
+                "endpoint": dns_endpoint,
                 "kubeconfig": kubeconfig,
                 "nodePools": list(self.node_pools),
                 "spotNoticeSeconds": c.spot_notice_s,
@@ -164,4 +194,10 @@ class GcpGpuCluster(pulumi.ComponentResource):
 def _pool_info(c: GcpCluster, pool) -> GpuPoolInfo:
     selector, tolerations = spec.pool_scheduling(c, pool)
     names = tuple(spec.node_pool_name(pool, cap) for p, cap in spec.node_pool_plan(c) if p is pool)
-    return dataclasses.replace(pool_info(pool, names), node_selector=selector, tolerations=tolerations)
+    info = pool_info(
+        pool,
+        names,
+        cache_read_mib_s=spec.boot_disk_read_mib_s(pool.disk_type, pool.disk_size_gb),
+        cache_host_path=spec.COS_MODEL_CACHE_DIR,
+    )
+    return dataclasses.replace(info, node_selector=selector, tolerations=tolerations)

@@ -4,6 +4,7 @@ pools."""
 from __future__ import annotations
 
 import ipaddress
+import re
 from typing import Annotated, Literal, Optional
 
 from pydantic import Field, StringConstraints, field_validator, model_validator
@@ -23,9 +24,19 @@ class GcpGpuPool(GpuPoolBase):
     disk_size_gb: int = Field(200, ge=50, le=65536)
     """Boot disk size."""
     disk_type: Literal["pd-balanced", "pd-ssd", "hyperdisk-balanced"] = "pd-balanced"
-    """Boot disk type."""
+    """Boot disk type; it holds the model cache (the catalog's `gcp_boot_disk_types` per machine family:
+    G2 has no hyperdisk-balanced). A3's bundled local SSDs back ephemeral storage (emptyDirs, image
+    layers), not the cache."""
     zones: list[str] = Field(default_factory=list)
-    """Node locations; must be in the cluster's region. Default: the cluster's zones."""
+    """Node locations, zones of the cluster's region that offer the pool's GPU. Required on a regional
+    cluster (GKE would otherwise spread the pool over zones without the GPU)."""
+    fallback_provisioning: Literal["on-demand", "flex-start"] = "on-demand"
+    """How the fallback pool of a spot pool (`on_demand_fallback: true`) gets its VMs: `on-demand`, or
+    `flex-start` (Dynamic Workload Scheduler, nodes live at most `max_run_duration_s`). Machine types
+    sold only as Spot/Flex-start (A3 High 1g/2g/4g) need `flex-start`."""
+    max_run_duration_s: int = Field(7 * 24 * 3600, ge=3600, le=7 * 24 * 3600)
+    """Lifetime of a flex-start fallback node (`node_config.max_run_duration`); Flex-start VMs run at
+    most seven days."""
     gpu_driver_version: Literal["DEFAULT", "LATEST"] = "LATEST"
     """GKE-managed NVIDIA driver version."""
 
@@ -65,9 +76,58 @@ class GcpGpuPool(GpuPoolBase):
             )
         return self
 
+    @model_validator(mode="after")
+    def _provisioning_sold(self):
+        cat = load_catalog()
+        if self.machine_type not in cat.gcp_spot_or_flex_start_only:
+            return self
+        if self.capacity == "on-demand":
+            raise ValueError(
+                f"capacity: {self.machine_type} is sold only as Spot or Flex-start VMs, so an on-demand "
+                f"pool never gets a node; allowed: spot (with fallback_provisioning: flex-start), or an "
+                f"on-demand-capable machine type such as a3-highgpu-8g"
+            )
+        if self.on_demand_fallback and self.fallback_provisioning == "on-demand":
+            raise ValueError(
+                f"fallback_provisioning: {self.machine_type} is sold only as Spot or Flex-start VMs, so an "
+                f"on-demand fallback pool never gets a node; allowed: flex-start, or on_demand_fallback: false"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _disk_and_flex_start_fit_the_family(self):
+        cat = load_catalog()
+        family = cat.gcp[self.machine_type].family
+        disks = cat.gcp_boot_disk_types.get(family, ())
+        if self.disk_type not in disks:
+            raise ValueError(f"disk_type: {self.disk_type} is not a boot disk {family} machines take; allowed: {allowed(disks)}")
+        if self.uses_flex_start and family not in cat.gcp_flex_start_families:
+            raise ValueError(
+                f"fallback_provisioning: flex-start is not offered for {family} machines; "
+                f"allowed: on-demand (families with flex-start: {allowed(cat.gcp_flex_start_families)})"
+            )
+        return self
+
+    @property
+    def uses_flex_start(self) -> bool:
+        return self.capacity == "spot" and self.on_demand_fallback and self.fallback_provisioning == "flex-start"
+
     @property
     def instance_types(self) -> list[InstanceType]:
         return [load_catalog().gcp[self.machine_type]]
+
+
+GKE_EXTENDED_NOTICE_MIN_VERSION = "1.35.0-gke.1171000"
+"""The first GKE control-plane version that accepts the extended 120 s spot shutdown window on a
+Standard node pool (GKE Spot VMs concept page)."""
+
+
+def gke_version_key(version: str) -> tuple[int, int, int, int]:
+    """`1.35.0-gke.1171000` as a comparable tuple."""
+    m = re.fullmatch(r"(\d+)\.(\d+)\.(\d+)-gke\.(\d+)", version)
+    if m is None:
+        raise ValueError(f"'{version}' is not a GKE version such as {GKE_EXTENDED_NOTICE_MIN_VERSION}")
+    return tuple(int(g) for g in m.groups())  # type: ignore[return-value]
 
 
 GKE_CRITICAL_PODS_GRACE_S = 15
@@ -132,7 +192,11 @@ class GcpCluster(Base):
     fallback_mode: Literal["node_pool", "compute_class"] = "node_pool"
     """`node_pool` (an on-demand twin per spot pool) or `compute_class` (a GKE ComputeClass)."""
     preemption_notice_s: Literal[30, 120] = GKE_DEFAULT_SPOT_NOTICE_S
-    """GKE's spot termination notice: 30 s by default, 120 s on GKE >= 1.35 when extended."""
+    """GKE's spot termination notice: 30 s by default, 120 s (needs `min_master_version` >=
+    1.35.0-gke.1171000)."""
+    min_master_version: Optional[Annotated[str, StringConstraints(pattern=r"^\d+\.\d+\.\d+-gke\.\d+$")]] = None
+    """Lowest GKE control-plane version (`min_master_version`), e.g. `1.35.0-gke.1171000`; the
+    release channel picks the version when unset."""
     kubelet: KubeletNumaConfig = KubeletNumaConfig()
     """NUMA kubelet settings of the GPU node pools (`kubelet_config`)."""
     gpu_pools: list[GcpGpuPool] = Field(min_length=1)
@@ -187,4 +251,35 @@ class GcpCluster(Base):
                     f"gpu_pools[{i}].zones: {bad} are not zones of region {self.region}; allowed: "
                     f"{self.region}-a, {self.region}-b, ... (zones that offer the pool's GPU)"
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _extended_notice_needs_gke_1_35(self):
+        if self.preemption_notice_s == GKE_DEFAULT_SPOT_NOTICE_S:
+            return self
+        if self.min_master_version is None or gke_version_key(self.min_master_version) < gke_version_key(
+            GKE_EXTENDED_NOTICE_MIN_VERSION
+        ):
+            raise ValueError(
+                f"min_master_version: preemption_notice_s: {self.preemption_notice_s} needs a control plane at "
+                f"GKE {GKE_EXTENDED_NOTICE_MIN_VERSION} or later; allowed: min_master_version >= "
+                f"{GKE_EXTENDED_NOTICE_MIN_VERSION}, or preemption_notice_s: {GKE_DEFAULT_SPOT_NOTICE_S}"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _gpu_pools_pinned_to_gpu_zones(self):
+        cat = load_catalog()
+        for i, pool in enumerate(self.gpu_pools):
+            acc = cat.gcp[pool.machine_type].accelerator
+            known = cat.gcp_accelerator_zones.get(acc, {}).get(self.region)
+            if not pool.zones and not self.zonal:
+                offer = allowed(known) if known else f"zones of {self.region} that offer {acc}"
+                raise ValueError(
+                    f"gpu_pools[{i}].zones: required on a regional cluster (GKE would place the pool in zones "
+                    f"without {acc}); allowed: {offer}"
+                )
+            bad = [z for z in pool.zones if known is not None and z not in known]
+            if bad:
+                raise ValueError(f"gpu_pools[{i}].zones: {bad} do not offer {acc}; allowed: {allowed(known)}")
         return self

@@ -7,14 +7,14 @@ matches the GKE `cloud.google.com/v1` ComputeClass CRD reference.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from typing import Any, Literal
 
 from components.catalog import load_catalog
 from components.platform.cluster_handle import GPU_TAINT, GPU_TOLERATION, POOL_LABEL, pool_node_labels
-from components.config_types import GKE_DEFAULT_SPOT_NOTICE_S, Environment
+from components.config_types import Environment
+from components.gcp.access import control_plane_endpoints_config, gke_kubeconfig  # noqa: F401 (re-exported)
 from components.gcp.config import GKE_CRITICAL_PODS_GRACE_S, GcpCluster, GcpGpuPool
 from components.node_pools import KubeletNumaConfig, pool_kubelet
 
@@ -25,6 +25,9 @@ IMAGE_TYPE = "COS_CONTAINERD"
 COMPUTE_CLASS_LABEL = "cloud.google.com/compute-class"
 """Node label and taint key GKE uses to tie nodes (and manually created node pools) to a ComputeClass."""
 FALLBACK_SUFFIX = "-od"
+FLEX_START_SUFFIX = "-fs"
+Provisioning = Literal["spot", "on-demand", "flex-start"]
+"""How a GKE GPU node pool gets its VMs: the pool's primary capacity or its fallback's."""
 GKE_REGIONAL_DEFAULT_ZONES = 3
 """Zones a regional GKE cluster spreads a node pool over when `node_locations` is not set."""
 
@@ -33,6 +36,19 @@ NODE_SA_ROLES = (
     "roles/artifactregistry.reader",
 )
 """Least privilege for node VMs: logs/metrics/metadata writer (the GKE node role) and image pulls."""
+
+COS_MODEL_CACHE_DIR = "/var/lib/gpuinfra/models"
+"""Where a host_path model cache lives on GKE nodes: COS mounts `/` read-only, while `/var` is
+writable and stateful (on the boot disk) ("Disks and file system overview", Container-Optimized OS
+docs), so the serving default `/mnt/models` could not be created there."""
+
+PD_READ_MIB_S_PER_GIB = {"pd-balanced": 0.28, "pd-ssd": 0.48}
+PD_READ_MIB_S_PER_VM = 1200
+PD_BASELINE_MIB_S = 140
+HYPERDISK_BALANCED_BASELINE_MIB_S = 140
+"""Persistent Disk / Hyperdisk read throughput (Compute Engine "About Persistent Disk performance":
+zonal balanced 0.28 and SSD 0.48 MiB/s per GiB, 1,200 MiB/s read per instance, a 140 MiB/s
+baseline; "About Hyperdisk Balanced": 140 MiB/s included)."""
 
 _GKE_TAINT_EFFECT = {"NoSchedule": "NO_SCHEDULE", "PreferNoSchedule": "PREFER_NO_SCHEDULE", "NoExecute": "NO_EXECUTE"}
 
@@ -43,18 +59,28 @@ _GKE_TAINT_EFFECT = {"NoSchedule": "NO_SCHEDULE", "PreferNoSchedule": "PREFER_NO
 
 
 def cluster_location(c: GcpCluster) -> str:
-    """Region for a regional control plane; the first GPU pool zone (or `<region>-a`) when zonal."""
+    """Region for a regional control plane; when zonal, the first GPU pool zone, else the first zone
+    of the region the catalog lists for the first pool's GPU (`<region>-a` if it lists none)."""
     if not c.zonal:
         return c.region
     for pool in c.gpu_pools:
         if pool.zones:
             return pool.zones[0]
-    return f"{c.region}-a"
+    cat = load_catalog()
+    known = cat.gcp_accelerator_zones.get(cat.gcp[c.gpu_pools[0].machine_type].accelerator, {}).get(c.region)
+    return known[0] if known else f"{c.region}-a"
 
 
-def node_pool_name(pool: GcpGpuPool, capacity: Literal["spot", "on-demand"]) -> str:
-    """GKE node pool name: the pool's own name for its primary capacity, `<name>-od` for the fallback."""
-    return pool.name if capacity == pool.capacity else f"{pool.name}{FALLBACK_SUFFIX}"
+def node_pool_name(pool: GcpGpuPool, capacity: Provisioning) -> str:
+    """GKE node pool name: the pool's own name for its primary capacity, `<name>-od` for an on-demand
+    fallback, `<name>-fs` for a flex-start one."""
+    if capacity == pool.capacity:
+        return pool.name
+    return f"{pool.name}{FLEX_START_SUFFIX if capacity == 'flex-start' else FALLBACK_SUFFIX}"
+
+
+def fallback_provisioning(pool: GcpGpuPool) -> Provisioning:
+    return "flex-start" if pool.uses_flex_start else "on-demand"
 
 
 def compute_class_name(pool: GcpGpuPool) -> str:
@@ -164,8 +190,12 @@ def cluster_args(c: GcpCluster, environment: Environment, tags: dict[str, str]) 
             "master_global_access_config": {"enabled": True},
         },
         "master_authorized_networks_config": master_authorized_networks(c),
+        # The provider reaches the API server through the DNS-based endpoint (IAM-authenticated), so a
+        # private IP endpoint does not force Pulumi to run inside the VPC.
+        "control_plane_endpoints_config": control_plane_endpoints_config(),
         "workload_identity_config": {"workload_pool": f"{c.project}.svc.id.goog"},
         "release_channel": {"channel": c.release_channel},
+        **({"min_master_version": c.min_master_version} if c.min_master_version else {}),
         "enable_shielded_nodes": True,
         "addons_config": {"gce_persistent_disk_csi_driver_config": {"enabled": True}},
         "resource_labels": gcp_labels(tags),
@@ -216,15 +246,17 @@ def kubelet_config(numa: KubeletNumaConfig, capacity: str, preemption_notice_s: 
     GKE takes the upstream kubelet spellings: `cpu_manager_policy` "static"|"none",
     `topology_manager.policy` none|best-effort|restricted|single-numa-node and `.scope`
     container|pod (GKE API TopologyManager), so the mapping is one to one.
-    The extended spot notice (GKE >= 1.35) is the kubelet's graceful-shutdown window; GKE only
-    accepts it on Spot/preemptible pools.
+    The spot notice is the kubelet's graceful-shutdown window (30 s default, 120 s extended on
+    GKE >= 1.35.0-gke.1171000); GKE only accepts these fields on Spot/preemptible pools.
     """
     out: dict[str, Any] = {
         "cpu_manager_policy": numa.cpu_manager_policy,
         "topology_manager": {"policy": numa.topology_manager_policy, "scope": numa.topology_manager_scope},
         "insecure_kubelet_readonly_port_enabled": "FALSE",
     }
-    if capacity == "spot" and preemption_notice_s != GKE_DEFAULT_SPOT_NOTICE_S:
+    if capacity == "spot":
+        # Both fields are optional+computed in pulumi-gcp: omitting them keeps whatever the nodes have,
+        # so going back from 120 s to 30 s must send 30/15 explicitly.
         out["shutdown_grace_period_seconds"] = preemption_notice_s
         out["shutdown_grace_period_critical_pods_seconds"] = GKE_CRITICAL_PODS_GRACE_S
     return out
@@ -235,6 +267,22 @@ def gke_taint(t: dict[str, str]) -> dict[str, str]:
     return {"key": t["key"], "value": t["value"], "effect": _GKE_TAINT_EFFECT[t["effect"]]}
 
 
+def boot_disk_read_mib_s(disk_type: str, size_gb: int) -> int:
+    """Sustained read throughput of a GKE node's boot disk, which holds the model cache: Persistent
+    Disk scales per GiB up to the per-VM cap, never below its baseline; Hyperdisk Balanced gets its
+    included baseline (we provision no extra throughput)."""
+    if disk_type == "hyperdisk-balanced":
+        return HYPERDISK_BALANCED_BASELINE_MIB_S
+    per_gib = PD_READ_MIB_S_PER_GIB[disk_type]
+    return int(min(PD_READ_MIB_S_PER_VM, max(PD_BASELINE_MIB_S, per_gib * size_gb)))
+
+
+def ephemeral_local_ssds(pool: GcpGpuPool) -> dict[str, Any] | None:
+    """Put kubelet ephemeral storage (emptyDirs, image layers) on the machine's bundled local SSDs."""
+    n = load_catalog().gcp_bundled_local_ssds.get(pool.machine_type, 0)
+    return {"local_ssd_count": n} if n else None
+
+
 def initial_node_count(pool: GcpGpuPool, zonal: bool) -> int:
     """Nodes per zone at creation so the pool starts at `min_nodes` in total (0 for scale-from-zero)."""
     if pool.min_nodes == 0:
@@ -243,13 +291,8 @@ def initial_node_count(pool: GcpGpuPool, zonal: bool) -> int:
     return math.ceil(pool.min_nodes / zones)
 
 
-def gpu_node_pool_args(
-    c: GcpCluster,
-    pool: GcpGpuPool,
-    capacity: Literal["spot", "on-demand"],
-    tags: dict[str, str],
-) -> dict[str, Any]:
-    """One GKE node pool for `pool` at `capacity` (the primary pool or its on-demand fallback)."""
+def gpu_node_pool_args(c: GcpCluster, pool: GcpGpuPool, capacity: Provisioning, tags: dict[str, str]) -> dict[str, Any]:
+    """One GKE node pool for `pool` at `capacity` (the primary pool or its on-demand/flex-start fallback)."""
     machine = load_catalog().gcp[pool.machine_type]
     primary = capacity == pool.capacity
     labels = pool_node_labels(pool.name, capacity, pool.labels)
@@ -268,8 +311,8 @@ def gpu_node_pool_args(
             # total_*: the bounds count nodes across all zones, like min_nodes/max_nodes on AWS.
             "total_min_node_count": pool.min_nodes if primary else 0,
             "total_max_node_count": pool.max_nodes,
-            # ANY picks whichever zone has capacity: GKE's recommendation for Spot VMs.
-            "location_policy": "ANY" if capacity == "spot" else "BALANCED",
+            # ANY picks whichever zone has capacity: GKE's recommendation for Spot and flex-start VMs.
+            "location_policy": "BALANCED" if capacity == "on-demand" else "ANY",
         },
         "management": {"auto_repair": True, "auto_upgrade": True},
         "node_config": {
@@ -291,19 +334,33 @@ def gpu_node_pool_args(
             "kubelet_config": kubelet_config(pool_kubelet(c, pool), capacity, c.preemption_notice_s),
         },
     }
+    if capacity == "flex-start":
+        args["node_config"].update(flex_start_node_config(pool))
+    ssds = ephemeral_local_ssds(pool)
+    if ssds:
+        args["node_config"]["ephemeral_storage_local_ssd_config"] = ssds
     if pool.zones:
         args["node_locations"] = list(pool.zones)
     return args
 
 
-def node_pool_plan(c: GcpCluster) -> list[tuple[GcpGpuPool, Literal["spot", "on-demand"]]]:
-    """Every GKE GPU node pool to create: each configured pool, plus an on-demand twin for spot pools
-    with a fallback (both `fallback_mode`s use it: ComputeClass priorities name node pools)."""
-    plan: list[tuple[GcpGpuPool, Literal["spot", "on-demand"]]] = []
+def flex_start_node_config(pool: GcpGpuPool) -> dict[str, Any]:
+    """Flex-start VMs (Dynamic Workload Scheduler): no reservation, a bounded lifetime (`"<n>s"`)."""
+    return {
+        "flex_start": True,
+        "max_run_duration": f"{pool.max_run_duration_s}s",
+        "reservation_affinity": {"consume_reservation_type": "NO_RESERVATION"},
+    }
+
+
+def node_pool_plan(c: GcpCluster) -> list[tuple[GcpGpuPool, Provisioning]]:
+    """Every GKE GPU node pool to create: each configured pool, plus an on-demand or flex-start twin
+    for spot pools with a fallback (both `fallback_mode`s use it: ComputeClass priorities name node pools)."""
+    plan: list[tuple[GcpGpuPool, Provisioning]] = []
     for pool in c.gpu_pools:
         plan.append((pool, pool.capacity))
         if has_fallback(pool):
-            plan.append((pool, "on-demand"))
+            plan.append((pool, fallback_provisioning(pool)))
     return plan
 
 
@@ -312,7 +369,7 @@ def compute_class_spec(c: GcpCluster, pool: GcpGpuPool) -> dict[str, Any]:
     return {
         "priorities": [
             {"nodepools": [node_pool_name(pool, "spot")]},
-            {"nodepools": [node_pool_name(pool, "on-demand")]},
+            {"nodepools": [node_pool_name(pool, fallback_provisioning(pool))]},
         ],
         # Never fall back to an arbitrary (GPU-less) machine when neither pool can scale.
         "whenUnsatisfiable": "DoNotScaleUp",
@@ -331,34 +388,3 @@ def pool_scheduling(c: GcpCluster, pool: GcpGpuPool) -> tuple[dict[str, str], tu
         selector[COMPUTE_CLASS_LABEL] = cls
         tolerations += ({"key": COMPUTE_CLASS_LABEL, "operator": "Equal", "value": cls, "effect": "NoSchedule"},)
     return selector, tolerations
-
-
-# ------------------------------------------------------------------------------------------------
-# Kubeconfig
-# ------------------------------------------------------------------------------------------------
-
-
-def gke_kubeconfig(context: str, endpoint: str, ca_certificate: str) -> str:
-    """A kubeconfig that authenticates through `gke-gcloud-auth-plugin` (no static credentials)."""
-    return json.dumps(
-        {
-            "apiVersion": "v1",
-            "kind": "Config",
-            "clusters": [{"name": context, "cluster": {"server": f"https://{endpoint}", "certificate-authority-data": ca_certificate}}],
-            "contexts": [{"name": context, "context": {"cluster": context, "user": context}}],
-            "current-context": context,
-            "users": [
-                {
-                    "name": context,
-                    "user": {
-                        "exec": {
-                            "apiVersion": "client.authentication.k8s.io/v1beta1",
-                            "command": "gke-gcloud-auth-plugin",
-                            "installHint": "Install gke-gcloud-auth-plugin: gcloud components install gke-gcloud-auth-plugin",
-                            "provideClusterInfo": True,
-                        }
-                    },
-                }
-            ],
-        }
-    )

@@ -28,6 +28,28 @@ KPS_CHART = ChartPin("kube-prometheus-stack", "92.2.0", "https://prometheus-comm
 KEDA_RELEASE = "keda"
 
 
+KEDA_METRICS_SERVER_PORT = 6443
+"""KEDA chart `service.portHttpsTarget`: the metrics API server's container port behind the
+`v1beta1.external.metrics.k8s.io` APIService (kedacore/charts keda/values.yaml @9f7393a9)."""
+KEDA_WEBHOOKS_PORT = 9443
+"""KEDA chart `webhooks.port`: empty, "Default is 9443" (same file)."""
+KPS_OPERATOR_WEBHOOK_PORT = 10250
+"""kube-prometheus-stack `prometheusOperator…tls.internalPort: 10250`, chosen by the chart "to work
+out-of-the-box in GKE private clusters" (prometheus-community/helm-charts
+charts/kube-prometheus-stack/values.yaml @001f3a6d)."""
+
+
+def addon_api_server_ports(o: ObservabilityConfig) -> dict[str, tuple[int, ...]]:
+    """Pod ports the API server itself calls on the installed add-ons (webhooks, aggregated APIs), by
+    release. Our values leave these chart defaults alone (tests/test_gcp_access.py checks that)."""
+    out: dict[str, tuple[int, ...]] = {}
+    if o.install_keda:
+        out["keda"] = (KEDA_METRICS_SERVER_PORT, KEDA_WEBHOOKS_PORT)
+    if o.install_prometheus_stack:
+        out["kube-prometheus-stack"] = (KPS_OPERATOR_WEBHOOK_PORT,)
+    return out
+
+
 def keda_values() -> dict[str, Any]:
     return {
         "crds": {"install": True},

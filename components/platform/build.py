@@ -8,6 +8,7 @@ from typing import Any
 import pulumi
 
 from components.platform.addons import PlatformAddons, PlatformAddonsArgs
+from components.platform.addons_values import addon_api_server_ports
 from components.aws.cluster import AwsGpuCluster, AwsGpuClusterArgs
 from components.platform.cluster_handle import ClusterHandle
 from components.aws.config import AwsCluster
@@ -39,7 +40,9 @@ def build_cluster(loaded: LoadedConfig, c: Any) -> ClusterHandle:
     if isinstance(c, AwsCluster):
         return AwsGpuCluster(c.name, AwsGpuClusterArgs(config=c, environment=cfg.environment, tags=cfg.tags)).handle
     if isinstance(c, GcpCluster):
-        return GcpGpuCluster(c.name, GcpGpuClusterArgs(config=c, environment=cfg.environment, tags=cfg.tags)).handle
+        ports = addon_api_server_ports(cfg.observability)
+        args = GcpGpuClusterArgs(config=c, environment=cfg.environment, tags=cfg.tags, addon_api_server_ports=ports)
+        return GcpGpuCluster(c.name, args).handle
     if isinstance(c, ExistingClusterConfig):
         return ExistingCluster(c.name, ExistingClusterArgs(config=c, kubeconfig=loaded.kubeconfigs.get(c.name))).handle
     raise TypeError(f"unsupported cluster config {type(c).__name__}")

@@ -45,16 +45,14 @@ class GpuPoolInfo:
     """Sustained read throughput, MiB/s, of the volume that holds the model cache on the pool's
     nodes: what a cold start reads the weights at. Each cluster component derives it from its disk
     settings; 125 is a gp3 volume's baseline (the slowest default of the clouds served)."""
-    model_cache_host_path: Optional[str] = None
-    """Node directory the model cache must use on this pool (e.g. on the NVMe RAID0 of AWS pools
-    with `model_cache: instance-store`); None: the model's own `cache.host_path`."""
+    cache_host_path: Optional[str] = None
+    """Node directory a `host_path` model cache must use on this pool: the disk that holds the cache
+    (the NVMe RAID0 of AWS pools with `model_cache: instance-store`) or a writable path on the node
+    image (GKE's COS mounts `/` read-only); None: the model's own `cache.host_path`."""
 
 
 def pool_info(
-    pool: AnyPool,
-    native_names: tuple[str, ...] = (),
-    cache_read_mib_s: int = 125,
-    model_cache_host_path: Optional[str] = None,
+    pool: AnyPool, native_names: tuple[str, ...] = (), cache_read_mib_s: int = 125, cache_host_path: Optional[str] = None
 ) -> GpuPoolInfo:
     """Scheduling facts for a pool: managed pools carry our labels and the GPU taint."""
     types = pool.instance_types
@@ -74,7 +72,7 @@ def pool_info(
         tolerations=tolerations,
         native_names=native_names,
         cache_read_mib_s=cache_read_mib_s,
-        model_cache_host_path=model_cache_host_path,
+        cache_host_path=cache_host_path,
     )
 
 

@@ -163,10 +163,9 @@ def topology_spread(m: ModelConfig) -> list[dict[str, Any]]:
     ]
 
 
-def volumes(m: ModelConfig, name: str, pool: Optional[GpuPoolInfo] = None) -> list[dict[str, Any]]:
+def volumes(m: ModelConfig, name: str, pool_host_path: Optional[str] = None) -> list[dict[str, Any]]:
     if m.cache.kind == "host_path":
-        # The pool may pin the directory to the disk that holds its cache (AWS instance-store RAID0).
-        path = (pool.model_cache_host_path if pool else None) or m.cache.host_path
+        path = pool_host_path or m.cache.host_path  # the pool's node image may dictate where (GKE COS)
         cache = {"name": "model-cache", "hostPath": {"path": path, "type": "DirectoryOrCreate"}}
     else:
         cache = {"name": "model-cache", "persistentVolumeClaim": {"claimName": pvc_name(name)}}
@@ -336,7 +335,7 @@ def pod_spec(
         "topologySpreadConstraints": topology_spread(m),
         "initContainers": init,
         "containers": [vllm_container(m, hf_secret)],
-        "volumes": volumes(m, name, pool),
+        "volumes": volumes(m, name, pool.cache_host_path),
     }
 
 
