@@ -266,9 +266,12 @@ def _engine(**kw):
         ("dev", lambda c: c[MODELS][0]["drain"].update(readiness_settle_s=60), "models[0].drain.readiness_settle_s"),
         ("prod", lambda c: c[MODELS][0]["placements"][1].update(min_replicas=0), "models[0].placements[1].min_replicas"),
         ("dev", lambda c: c.setdefault(OBS, {}).update(prometheus_url="http://prom.other.svc:9090"), "observability.prometheus_url"),
+        # 90 s streams, 128 slots, 64 queued: the last queued request waits one 90 s round before
+        # its own 90 s stream, 180 s > the 115 s AWS spot budget (the backlog a notice used to cut)
+        ("prod", _engine(max_queued_requests=64), "models[0].engine.max_queued_requests"),
     ],
     ids=["tp-too-large", "quantization", "kv-dtype", "shm-too-small", "drain-budget", "latest-image",
-         "hpa-scale-to-zero", "settle", "primary-scale-to-zero", "prometheus-url"],
+         "hpa-scale-to-zero", "settle", "primary-scale-to-zero", "prometheus-url", "queue-vs-spot-budget"],
 )
 def test_bad_serving_config_is_rejected_naming_the_key(stack, edit, key):
     msg, resources = _broken(stack, edit)

@@ -28,11 +28,17 @@ GPU_RESOURCE = "nvidia.com/gpu"
 HF_TOKEN_KEY = "HF_TOKEN"
 MODELS_MOUNT = "/models"
 HF_HOME = f"{MODELS_MOUNT}/hf"
+VLLM_CACHE_ROOT = f"{MODELS_MOUNT}/vllm"
+"""vLLM's cache root (torch.compile artifacts under `torch_compile_cache/`, vllm/envs.py and
+vllm/compilation/backends.py in 0.33): on the model cache, so a restart on the node skips the
+compile."""
 RUNTIME_MOUNT = "/opt/gpuinfra"
 DRAIN_MOUNT = "/run/gpuinfra"
 DRAIN_FLAG = f"{DRAIN_MOUNT}/draining"
 DRAIN_PORT_NAME = "drain"
 HTTP_PORT_NAME = "http"
+READINESS_TIMEOUT_S = 10
+READINESS_FAILURES = 3
 SIDECAR_CPU = "100m"
 SIDECAR_MEMORY = "64Mi"
 METADATA_PROVIDERS = {"aws": "aws", "gcp": "gcp", "existing": "aws,gcp"}
@@ -93,9 +99,25 @@ def drain_port(m: ModelConfig) -> int:
 # --------------------------------------------------------------------------------------------
 
 
-def startup_budget_s(m: ModelConfig) -> int:
-    """How long the startup probe lets a replica download/load weights and compile graphs."""
-    return int(min(max(600, 300 + 15 * m.weights_gib), 3600))
+ENGINE_INIT_S = 300
+"""Engine start without the weights: CUDA/NCCL init, profiling, torch.compile on a cold
+`VLLM_CACHE_ROOT` and CUDA graph capture."""
+STARTUP_MARGIN = 1.25
+MIN_STARTUP_S = 600
+
+
+def cache_read_mib_s(m: ModelConfig, pool: GpuPoolInfo) -> int:
+    """The cache volume's throughput: the model's override, else the pool's disk figure."""
+    return m.cache.read_mib_s or pool.cache_read_mib_s
+
+
+def startup_budget_s(m: ModelConfig, pool: GpuPoolInfo) -> int:
+    """How long the startup probe lets a replica start on a cold node: the checkpoint's bytes are
+    written to the cache volume while downloading and read back while loading (2 x bytes at the
+    volume's throughput), plus engine init, with a 25 % margin."""
+    mib = m.checkpoint_bytes / 2**20
+    io_s = 2 * mib / cache_read_mib_s(m, pool)
+    return max(MIN_STARTUP_S, math.ceil(STARTUP_MARGIN * (ENGINE_INIT_S + io_s)))
 
 
 @dataclass(frozen=True)
@@ -104,9 +126,9 @@ class ProbeTiming:
     failure_threshold: int
 
 
-def startup_probe_timing(m: ModelConfig) -> ProbeTiming:
+def startup_probe_timing(m: ModelConfig, pool: GpuPoolInfo) -> ProbeTiming:
     period = 10
-    return ProbeTiming(period, math.ceil(startup_budget_s(m) / period))
+    return ProbeTiming(period, math.ceil(startup_budget_s(m, pool) / period))
 
 
 spot_drain_budget = spot_drain_budget_s
@@ -197,12 +219,13 @@ def _restricted(run_as_root: bool = False) -> dict[str, Any]:
     return sc
 
 
-def vllm_container(m: ModelConfig, hf_secret: Optional[str]) -> dict[str, Any]:
+def vllm_container(m: ModelConfig, pool: GpuPoolInfo, hf_secret: Optional[str]) -> dict[str, Any]:
     e = m.engine
     gpus = str(e.gpus_per_replica)
     res = {"cpu": str(m.resources.cpu), "memory": f"{m.resources.memory_gib}Gi", GPU_RESOURCE: gpus}
     env: list[dict[str, Any]] = [
         {"name": "HF_HOME", "value": HF_HOME},
+        {"name": "VLLM_CACHE_ROOT", "value": VLLM_CACHE_ROOT},
         {"name": "VLLM_NO_USAGE_STATS", "value": "1"},
     ]
     if hf_secret is not None:
@@ -210,7 +233,7 @@ def vllm_container(m: ModelConfig, hf_secret: Optional[str]) -> dict[str, Any]:
             {"name": HF_TOKEN_KEY, "valueFrom": {"secretKeyRef": {"name": hf_secret, "key": HF_TOKEN_KEY}}}
         )
     env += _drain_env(m) + [{"name": "PRESTOP_TIMEOUT_S", "value": str(m.prestop_timeout_s)}]
-    st = startup_probe_timing(m)
+    st = startup_probe_timing(m, pool)
     return {
         "name": "vllm",
         "image": e.image,
@@ -232,15 +255,18 @@ def vllm_container(m: ModelConfig, hf_secret: Optional[str]) -> dict[str, Any]:
             "timeoutSeconds": 5,
             "failureThreshold": st.failure_threshold,
         },
+        # A saturated server can answer /health late: a 10 s timeout and 3 misses before the pod
+        # leaves the endpoints (the drain sidecar's /ready is what takes it out on purpose).
         "readinessProbe": {
             "httpGet": {"path": "/health", "port": HTTP_PORT_NAME},
             "periodSeconds": 5,
-            "timeoutSeconds": 3,
+            "timeoutSeconds": READINESS_TIMEOUT_S,
             "successThreshold": 1,
-            "failureThreshold": 2,
+            "failureThreshold": READINESS_FAILURES,
         },
-        # TCP, not /health: /health answers 503 while vLLM drains on SIGTERM, and a liveness kill
-        # mid-drain would cut the streams the drain exists to keep.
+        # TCP, not /health: after SIGTERM vLLM keeps answering /health 200 while it finishes
+        # in-flight requests, but /health runs on the busy API server loop and can miss a deadline;
+        # a liveness kill mid-drain would cut the streams the drain exists to keep.
         "livenessProbe": {
             "tcpSocket": {"port": HTTP_PORT_NAME},
             "periodSeconds": 15,
@@ -333,7 +359,7 @@ def pod_spec(
         "tolerations": [dict(t) for t in pool.tolerations],
         "topologySpreadConstraints": topology_spread(m),
         "initContainers": init,
-        "containers": [vllm_container(m, hf_secret)],
+        "containers": [vllm_container(m, pool, hf_secret)],
         "volumes": volumes(m, name),
     }
 
@@ -363,7 +389,7 @@ def deployment_spec(
         "selector": {"matchLabels": selector_labels(m)},
         "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
         "revisionHistoryLimit": 5,
-        "progressDeadlineSeconds": startup_budget_s(m) + 600,
+        "progressDeadlineSeconds": startup_budget_s(m, pool) + 600,
         "template": {
             "metadata": {
                 "labels": object_labels(m, labels),

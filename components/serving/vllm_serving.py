@@ -107,7 +107,7 @@ class VllmServing(pulumi.ComponentResource):
 
         deployment = k8s.apps.v1.Deployment(
             f"{name}-deployment",
-            metadata=meta(app, annotations={"pulumi.com/timeoutSeconds": str(startup_budget_s(m) + 600)}),
+            metadata=meta(app, annotations={"pulumi.com/timeoutSeconds": str(startup_budget_s(m, args.pool) + 600)}),
             spec=deployment_spec(
                 m, app, args.placement, args.pool, args.cloud, args.spot_notice_s, hf_secret, args.labels, runtime
             ),
