@@ -4,11 +4,13 @@ pre-warm."""
 from __future__ import annotations
 
 import json
+import math
 import re
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -168,31 +170,77 @@ def test_services_tier_and_shared():
     assert served_slug(m) == "llama-3-3-70b"
 
 
-def test_scaled_object_scales_on_waiting_requests_within_placement_bounds():
-    m = model(autoscaling={"target_queue_depth": 4})
+def test_scaled_object_scales_on_load_against_slot_capacity_within_placement_bounds():
+    m = model(engine={"tensor_parallel_size": 4, "max_num_seqs": 128}, autoscaling={"target_queue_depth": 4})
     so = scaled_object_spec(m, m.placements[0], "llama", "llm-serving", "http://p:9090")
     assert so["minReplicaCount"] == 1 and so["maxReplicaCount"] == 4
     assert so["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "llama"}
-    (t,) = so["triggers"]
-    assert t["type"] == "prometheus"
-    assert t["metadata"]["query"] == 'sum(vllm:num_requests_waiting{namespace="llm-serving",job="llama"})'
-    assert t["metadata"]["threshold"] == "4" and t["metadata"]["serverAddress"] == "http://p:9090"
+    load, queue = so["triggers"]
+    sel = 'namespace="llm-serving",job="llama"'
+    assert load["type"] == queue["type"] == "prometheus"
+    assert load["metadata"]["query"] == f"sum(vllm:num_requests_running{{{sel}}}) + sum(vllm:num_requests_waiting{{{sel}}})"
+    assert load["metadata"]["threshold"] == str(int(128 * 0.8))  # 102 of 128 slots per replica
+    assert queue["metadata"]["query"] == f"sum(vllm:num_requests_waiting{{{sel}}})"
+    assert queue["metadata"]["threshold"] == "4" and queue["metadata"]["serverAddress"] == "http://p:9090"
+
+
+def _hpa_desired(metric_total: float, target_per_replica: float, lo: int, hi: int) -> int:
+    """The HPA's answer for an AverageValue metric (kubernetes.io/docs/tasks/run-application/
+    horizontal-pod-autoscale/#algorithm-details: desired = ceil(current x currentMetric / target),
+    and an AverageValue metric's current value is the total divided by current replicas, so
+    desired = ceil(total / target)); KEDA's Prometheus scaler feeds the query's total as an
+    AverageValue metric (its default metricType)."""
+    return min(hi, max(lo, math.ceil(metric_total / target_per_replica)))
+
+
+def _simulate(m, demand: int, triggers: list[str], steps: int = 12) -> list[int]:
+    """Replica counts over time with `demand` concurrent requests offered, each replica running
+    up to max_num_seqs and queueing the rest (spread evenly, as the Service does)."""
+    so = scaled_object_spec(m, m.placements[0], "llama", "ns", "http://p:9090")
+    target = {t["name"]: float(t["metadata"]["threshold"]) for t in so["triggers"]}
+    lo, hi, n, seen = so["minReplicaCount"], so["maxReplicaCount"], so["minReplicaCount"], []
+    for _ in range(steps):
+        running = min(demand, n * m.engine.max_num_seqs)
+        waiting = demand - running
+        total = {"load": running + waiting, "queue": waiting}
+        n = max(_hpa_desired(total[t], target[t], lo, hi) for t in triggers)  # the HPA takes the max
+        seen.append(n)
+    return seen
+
+
+def test_load_trigger_settles_where_the_queue_trigger_oscillates():
+    """300 concurrent streams on replicas of 128 slots. Queue-only: 1 replica queues 172 -> 43
+    wanted -> capped at 4 -> queue empties -> back to 1 -> ... (the sawtooth). Load: 300 / 102 ->
+    3 replicas once the burst's queue is served, whatever the current count."""
+    m = model(engine={"tensor_parallel_size": 4, "max_num_seqs": 128}, autoscaling={"target_queue_depth": 4})
+    queue_only = _simulate(m, 300, ["queue"])
+    assert set(queue_only) == {1, 4} and queue_only[:4] == [4, 1, 4, 1]
+    both = _simulate(m, 300, ["load", "queue"])
+    assert both[0] == 4 and both[1:] == [3] * (len(both) - 1)  # the burst, then 3 for good
+    assert _simulate(m, 60, ["load", "queue"]) == [1] * 12
 
 
 def test_economy_tier_also_scales_on_the_served_model_backlog():
     m = model(tier="economy", name="llama-eco")
     so = scaled_object_spec(m, m.placements[0], "llama-eco", "ns", "http://p:9090")
-    assert [t["name"] for t in so["triggers"]] == ["queue", "overflow"]
-    assert 'model_name="llama-3.3-70b"' in so["triggers"][1]["metadata"]["query"]
+    assert [t["name"] for t in so["triggers"]] == ["load", "queue", "overflow", "rejected"]
+    assert 'model_name="llama-3.3-70b"' in so["triggers"][2]["metadata"]["query"]
+    # with a bounded queue the primary's overflow shows as 503s, not as waiting requests
+    rejected = so["triggers"][3]["metadata"]
+    assert "vllm:admission_rejections_total" in rejected["query"] and 'model_name="llama-3.3-70b"' in rejected["query"]
+    assert float(rejected["threshold"]) == pytest.approx(int(256 * 0.8) / 60, abs=1e-3)
+    assert rejected["activationThreshold"] == "0"
 
 
 def test_hpa_fallback_uses_an_external_metric():
     m = model(autoscaling={"mode": "hpa"})
     h = hpa_spec(m, m.placements[0], "llama")
     assert h["minReplicas"] == 1 and h["maxReplicas"] == 4
-    (metric,) = h["metrics"]
-    assert metric["type"] == "External"
-    assert metric["external"]["target"] == {"type": "AverageValue", "averageValue": "5"}
+    load, queue = h["metrics"]
+    assert load["type"] == queue["type"] == "External"
+    assert load["external"]["metric"]["name"] == "vllm_num_requests_in_flight"
+    assert load["external"]["target"] == {"type": "AverageValue", "averageValue": str(int(256 * 0.8))}
+    assert queue["external"]["target"] == {"type": "AverageValue", "averageValue": "5"}
 
 
 def test_alerts_cover_every_required_signal():
