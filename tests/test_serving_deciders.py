@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +21,13 @@ from components.platform.config import AlertThresholds
 from components.serving.config import ModelConfig
 from components.serving.dashboard import DASHBOARD_LABEL, UID_MAX, dashboard, dashboard_uid
 from components.serving.autoscale import hpa_spec, scaled_object_spec
-from components.serving.objects import shared_service_spec, tier_service_spec
+from components.serving.objects import (
+    drain_rbac_rules,
+    drain_service_spec,
+    service_monitor_spec,
+    shared_service_spec,
+    tier_service_spec,
+)
 from components.serving.pod_spec import (
     PYTHON_IMAGE,
     dns_label,
@@ -100,15 +107,36 @@ def test_spread_is_hard_across_nodes_and_soft_across_zones():
     assert keys == {"kubernetes.io/hostname": "DoNotSchedule", "topology.kubernetes.io/zone": "ScheduleAnyway"}
 
 
-def test_sidecar_polls_only_on_spot_and_gets_the_cloud_budget():
-    env = lambda c: {e["name"]: e["value"] for e in c["env"]}  # noqa: E731
-    aws = env(drain_sidecar(model(), POOL, "aws", 120))
-    assert aws["SPOT_PROVIDERS"] == "aws" and aws["DRAIN_BUDGET_S"] == "115"
-    gcp = env(drain_sidecar(model(drain={"max_request_s": 20}), POOL, "gcp", 30))
-    assert gcp["SPOT_PROVIDERS"] == "gcp" and gcp["DRAIN_BUDGET_S"] == "25"
-    od = GpuPoolInfo(**{**POOL.__dict__, "capacity": "on-demand"})
-    assert env(drain_sidecar(model(), od, "aws", 120))["SPOT_PROVIDERS"] == ""
+def test_sidecar_reads_its_drain_reason_from_the_api_and_polls_no_metadata_server():
+    """Pods cannot reach IMDS at hop limit 1 (EKS) or instance/preempted under GKE Workload
+    Identity: no metadata watcher ships; the sidecar learns the reason from the API instead."""
+    c = drain_sidecar(model())
+    env = {e["name"]: e for e in c["env"]}
+    assert not {"SPOT_PROVIDERS", "AWS_IMDS_ENDPOINT", "GCE_METADATA_ENDPOINT"} & set(env)
+    assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    spec = pod_spec(model(), "llama", POOL, "aws", 120, None)
+    assert spec["automountServiceAccountToken"] is False and spec["serviceAccountName"] == "llama-drain"
+    token_mounts = [(x["name"], m["name"]) for x in spec["containers"] + spec["initContainers"]
+                    for m in x["volumeMounts"] if m["name"] == "drain-api"]
+    assert token_mounts == [("spot-drain", "drain-api")], "only the sidecar holds the API token"
     assert spot_drain_budget(model(drain={"max_request_s": 20, "spot_drain_budget_s": 22}), 30) == 22
+
+
+def test_drain_rbac_is_read_only_and_scoped():
+    rules = drain_rbac_rules()
+    verbs = {v for scope in rules.values() for r in scope for v in r["verbs"]}
+    assert verbs <= {"get", "list"}
+    assert rules["cluster"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]}]
+    assert rules["namespace"][0]["resources"] == ["pods"] and rules["default"][0]["resources"] == ["events"]
+
+
+def test_drain_metrics_stay_scrapable_while_the_pod_terminates():
+    svc = drain_service_spec(model())
+    assert svc["publishNotReadyAddresses"] is True and [p["name"] for p in svc["ports"]] == ["drain"]
+    sm = service_monitor_spec(model())
+    assert sm["jobLabel"] == "gpuinfra.io/job"
+    assert {e["port"]: e["interval"] for e in sm["endpoints"]}["drain"] == "5s"
 
 
 @settings(max_examples=100, deadline=None)
@@ -253,7 +281,9 @@ def test_alerts_cover_every_required_signal():
     assert "histogram_quantile(0.99" in by["VllmTtftP99High"]["expr"]
     assert "vllm:time_to_first_token_seconds_bucket" in by["VllmTtftP99High"]["expr"] and "> 2.5" in by["VllmTtftP99High"]["expr"]
     assert f'{CUDA_METRIC}_bucket{{call="{CUDA_LAUNCH_CALL}"' in by["CudaLaunchStall"]["expr"]
-    assert 'gpuinfra_drain_in_progress{namespace="llm-serving",job="llama",reason="spot"}' in by["VllmSpotDrainStarted"]["expr"]
+    assert 'gpuinfra_drain_in_progress{namespace="llm-serving",job="llama",reason="spot"}[2m]' in by["VllmSpotDrainStarted"]["expr"]
+    text = by["VllmSpotDrainStarted"]["annotations"]["description"]
+    assert "Karpenter" in text and "graceful node shutdown" in text and "notice" not in by["VllmSpotDrainStarted"]["annotations"]["summary"]
     for r in rules:
         assert set(r) == {"alert", "expr", "for", "labels", "annotations"}, r["alert"]
         assert r["labels"]["severity"] in {"info", "warning", "critical"}
@@ -280,6 +310,37 @@ def test_dashboard_covers_the_required_panels():
     assert len({p["id"] for p in d["panels"]}) == len(d["panels"])
     assert DASHBOARD_LABEL == {"grafana_dashboard": "1"}
     json.dumps(d)
+    for p in d["panels"]:
+        formats = {t.get("format") for t in p["targets"]}
+        assert formats == ({"heatmap"} if p["type"] == "heatmap" else {None}), p["title"]
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool (Debian package prometheus) not installed")
+def test_spot_alert_fires_on_a_drain_series_that_lives_only_15_seconds(tmp_path):
+    """GKE's default notice leaves pods 15 s: the sidecar's series is scraped (every 5 s) about
+    three times and then ends with the pod. promtool evaluates the real rule against it."""
+    import yaml
+
+    rules = prometheus_rule_spec(model(), "llama", "llm-serving", AlertThresholds())
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump(rules))
+    series = 'gpuinfra_drain_in_progress{namespace="llm-serving",job="llama",pod="llama-abc-12345",reason="spot"}'
+    test = {
+        "rule_files": ["rules.yaml"],
+        "evaluation_interval": "5s",
+        "tests": [{
+            "interval": "5s",
+            "input_series": [{"series": series, "values": "0 1 1 1 stale"}],
+            "alert_rule_test": [
+                {"eval_time": "20s", "alertname": "VllmSpotDrainStarted",
+                 "exp_alerts": [{"exp_labels": {"pod": "llama-abc-12345", "model": "llama", "tier": "primary", "severity": "info"},
+                                 "exp_annotations": rules["groups"][0]["rules"][-1]["annotations"] | {
+                                     "summary": "llama: spot capacity reclaimed under llama-abc-12345, draining"}}]},
+            ],
+        }],
+    }
+    (tmp_path / "test.yaml").write_text(yaml.safe_dump(test))
+    r = subprocess.run(["promtool", "test", "rules", "test.yaml"], cwd=tmp_path, capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
 
 
 _DNS = st.from_regex(r"\A[a-z]([-a-z0-9]{0,20}[a-z0-9])?\Z")
@@ -328,12 +389,13 @@ def test_dashboard_uid_is_short_and_injective(ns, stem, t1, t2):
     assert (a == b) == (t1 == t2), (a, b)
 
 
-def test_runtime_ships_both_scripts():
+def test_runtime_ships_every_script_stdlib_only():
     files = runtime_files()
-    assert set(files) == {"drain.py", "prewarm.py"}
+    assert set(files) == {"drain.py", "deadline_http.py", "disruption.py", "prewarm.py"}
     for name, text in files.items():
         imports = re.findall(r"^(?:from|import) ([a-z_.]+)", text, re.M)
-        assert all(i.split(".")[0] in sys.stdlib_module_names or i == "__future__" for i in imports), (name, imports)
+        shipped = {f.removesuffix(".py") for f in files}
+        assert all(i.split(".")[0] in sys.stdlib_module_names | shipped or i == "__future__" for i in imports), (name, imports)
 
 
 def test_prewarm_reads_weight_files_within_budget(tmp_path):

@@ -19,7 +19,7 @@ from components.serving.config import ModelConfig, Placement, spot_drain_budget_
 from components.serving.vllm_args import VLLM_COMMAND, vllm_args
 
 RUNTIME_DIR = Path(__file__).resolve().parent / "runtime"
-RUNTIME_FILES = ("drain.py", "prewarm.py")
+RUNTIME_FILES = ("drain.py", "deadline_http.py", "disruption.py", "prewarm.py")
 
 PYTHON_IMAGE = "python:3.11.17-slim-bookworm"
 """Stock image the drain sidecar and the pre-warm initContainer run in (stdlib only)."""
@@ -41,8 +41,12 @@ READINESS_TIMEOUT_S = 10
 READINESS_FAILURES = 3
 SIDECAR_CPU = "100m"
 SIDECAR_MEMORY = "64Mi"
-METADATA_PROVIDERS = {"aws": "aws", "gcp": "gcp", "existing": "aws,gcp"}
-"""Which metadata services the sidecar polls, by cluster kind (existing: both; a miss is harmless)."""
+SA_MOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
+TOKEN_EXPIRY_S = 3600
+IDLE_SAMPLES = 3
+"""Consecutive `running + waiting == 0` scrapes before the drain trusts that vLLM is empty."""
+CLASSIFY_WINDOW_S = 30
+"""How long after a drain starts the sidecar keeps re-reading the API for its reason."""
 
 TIER_LABEL = "gpuinfra.io/tier"
 MODEL_LABEL = "gpuinfra.io/model"
@@ -132,7 +136,7 @@ def startup_probe_timing(m: ModelConfig, pool: GpuPoolInfo) -> ProbeTiming:
 
 
 spot_drain_budget = spot_drain_budget_s
-"""Seconds the sidecar may drain after a spot notice: the rule the config validator checks."""
+"""Seconds a spot drain may take: the rule the config validator checks."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -195,6 +199,11 @@ def volumes(m: ModelConfig, name: str) -> list[dict[str, Any]]:
         cache,
         {"name": "runtime", "configMap": {"name": runtime_configmap_name(name), "defaultMode": 0o555}},
         {"name": "drain", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
+        # The API token, only in the drain sidecar (the pod does not automount one).
+        {"name": "drain-api", "projected": {"sources": [
+            {"serviceAccountToken": {"path": "token", "expirationSeconds": TOKEN_EXPIRY_S}},
+            {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+        ]}},
     ]
 
 
@@ -205,7 +214,12 @@ def _drain_env(m: ModelConfig) -> list[dict[str, Any]]:
         {"name": "SETTLE_S", "value": str(m.drain.readiness_settle_s)},
         {"name": "POLL_INTERVAL_S", "value": "1"},
         {"name": "HTTP_TIMEOUT_S", "value": "2"},
+        {"name": "IDLE_SAMPLES", "value": str(IDLE_SAMPLES)},
     ]
+
+
+def _field(name: str, path: str) -> dict[str, Any]:
+    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
 
 
 def _restricted(run_as_root: bool = False) -> dict[str, Any]:
@@ -279,10 +293,11 @@ def vllm_container(m: ModelConfig, pool: GpuPoolInfo, hf_secret: Optional[str]) 
     }
 
 
-def drain_sidecar(m: ModelConfig, pool: GpuPoolInfo, cloud: str, spot_notice_s: int) -> dict[str, Any]:
-    """A native sidecar (restartable initContainer): it outlives the vLLM container on shutdown."""
+def drain_sidecar(m: ModelConfig) -> dict[str, Any]:
+    """A native sidecar (restartable initContainer): it outlives the vLLM container on shutdown.
+    It is the readiness gate the preStop flips, exports the drain metrics, and reads from the API
+    why the pod drains (its own pod, its node, the node's spot events: `drain_rbac_rules`)."""
     port = drain_port(m)
-    providers = METADATA_PROVIDERS.get(cloud, "aws,gcp") if pool.capacity == "spot" and spot_notice_s > 0 else ""
     res = {"cpu": SIDECAR_CPU, "memory": SIDECAR_MEMORY}
     return {
         "name": "spot-drain",
@@ -294,14 +309,17 @@ def drain_sidecar(m: ModelConfig, pool: GpuPoolInfo, cloud: str, spot_notice_s: 
         "env": _drain_env(m)
         + [
             {"name": "READY_PORT", "value": str(port)},
-            {"name": "SPOT_PROVIDERS", "value": providers},
-            {"name": "DRAIN_BUDGET_S", "value": str(spot_drain_budget(m, spot_notice_s))},
+            _field("POD_NAME", "metadata.name"),
+            _field("POD_NAMESPACE", "metadata.namespace"),
+            _field("NODE_NAME", "spec.nodeName"),
+            {"name": "CLASSIFY_WINDOW_S", "value": str(CLASSIFY_WINDOW_S)},
             {"name": "PYTHONDONTWRITEBYTECODE", "value": "1"},
         ],
         "resources": {"requests": dict(res), "limits": dict(res)},
         "volumeMounts": [
             {"name": "runtime", "mountPath": RUNTIME_MOUNT, "readOnly": True},
             {"name": "drain", "mountPath": DRAIN_MOUNT},
+            {"name": "drain-api", "mountPath": SA_MOUNT, "readOnly": True},
         ],
         # The readiness gate the drain flips: the pod leaves the endpoints within ~1 s.
         "readinessProbe": {
@@ -347,11 +365,12 @@ def prewarm_container(m: ModelConfig) -> dict[str, Any]:
 def pod_spec(
     m: ModelConfig, name: str, pool: GpuPoolInfo, cloud: str, spot_notice_s: int, hf_secret: Optional[str]
 ) -> dict[str, Any]:
-    init = [drain_sidecar(m, pool, cloud, spot_notice_s)]
+    init = [drain_sidecar(m)]
     if m.cache.prewarm:
         init.append(prewarm_container(m))
     return {
         "terminationGracePeriodSeconds": m.termination_grace_period_s,
+        "serviceAccountName": drain_service_account_name(name),
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
         "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
@@ -410,6 +429,10 @@ def deployment_spec(
 
 def pvc_name(name: str) -> str:
     return f"{name}-model-cache"
+
+
+def drain_service_account_name(name: str) -> str:
+    return f"{name}-drain"
 
 
 def runtime_configmap_name(name: str) -> str:
