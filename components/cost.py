@@ -1,10 +1,14 @@
 """Per-stack GPU cost estimate: pure arithmetic over the config and the catalog's prices.
 
-For every GPU pool: the hourly and monthly (730 h) cost at the pool's min and max size, as planned
+For every GPU pool: the hourly and monthly (730 h) cost at its least and max size, as planned
 (spot pools on spot, on-demand pools on-demand) and all on-demand, and the saving of the plan over
 all on-demand. Prices are per instance-hour from `components/data/gpu_catalog.yaml` (`prices:`);
 spot prices are typical values, so this is an estimate, not a bill. Only the GPU nodes are priced
 (no control plane, system nodes, disks, NAT or egress).
+
+"At min" is the least the pool really runs: its `min_nodes`, or more when the models placed on it
+keep replicas up (`min_replicas`): each replica needs its TP x PP GPUs on one node, and replicas
+of one model never share a node (the hard hostname spread).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from typing import Any, Iterable, Optional
 
 from components.catalog import Catalog, InstanceType, Price, load_catalog
 from components.existing.config import ExistingGpuPool
+from components.serving.config import ModelConfig
 from components.stack_config import StackConfig
 
 HOURS_PER_MONTH = 730
@@ -81,6 +86,13 @@ class PoolCost:
     planned_node_hourly: Optional[float] = None
     price_source: Optional[str] = None
     note: str = ""
+    serving_min_nodes: int = 0
+    """Nodes the models' `min_replicas` keep running on this pool."""
+
+    @property
+    def least_nodes(self) -> int:
+        """The nodes the pool runs at least: its minimum or what the serving floor needs."""
+        return max(self.min_nodes, self.serving_min_nodes)
 
     @property
     def priced(self) -> bool:
@@ -94,7 +106,7 @@ class PoolCost:
 
     def total_hourly(self, size: str, all_on_demand: bool = False) -> float:
         """The pool's cost per hour at its `min` or `max` size."""
-        return self.hourly(self.min_nodes if size == "min" else self.max_nodes, all_on_demand)
+        return self.hourly(self.least_nodes if size == "min" else self.max_nodes, all_on_demand)
 
     @property
     def savings(self) -> float:
@@ -103,7 +115,21 @@ class PoolCost:
         return savings_fraction(self.planned_node_hourly, self.on_demand_node_hourly)
 
 
-def pool_cost(cluster: Any, pool: Any, catalog: Catalog) -> PoolCost:
+def serving_min_nodes(models: Iterable[ModelConfig], cluster: str, pool: str, gpus_per_node: int) -> int:
+    """Nodes that the `min_replicas` of the models placed on (cluster, pool) keep running: enough
+    GPUs for every replica, and at least one node per replica of any one model."""
+    gpus = spread = 0
+    for m in models:
+        for p in m.placements:
+            if p.cluster == cluster and p.pool == pool and p.min_replicas > 0:
+                gpus += p.min_replicas * m.engine.gpus_per_replica
+                spread = max(spread, p.min_replicas)
+    if gpus == 0 or gpus_per_node <= 0:
+        return 0
+    return max(spread, -(-gpus // gpus_per_node))
+
+
+def pool_cost(cluster: Any, pool: Any, catalog: Catalog, models: Iterable[ModelConfig] = ()) -> PoolCost:
     """Price one pool of `cluster` (a config model) from the catalog."""
     base = dict(cluster=cluster.name, pool=pool.name, cloud=cluster.cloud, region=cluster.region, capacity=pool.capacity)
     if isinstance(pool, ExistingGpuPool):
@@ -116,9 +142,11 @@ def pool_cost(cluster: Any, pool: Any, catalog: Catalog) -> PoolCost:
         return PoolCost(**base, **sizes, note=f"no catalog price for {types} in {cluster.region}")
     itype, price = pick
     note = "no spot price known: priced on-demand" if pool.capacity == "spot" and price.spot is None else ""
+    floor = serving_min_nodes(models, cluster.name, pool.name, min(t.gpu_count for t in pool.instance_types))
     return PoolCost(
         **base,
         **sizes,
+        serving_min_nodes=floor,
         instance_type=itype.name,
         gpus_per_node=itype.gpu_count,
         on_demand_node_hourly=price.on_demand,
@@ -146,7 +174,7 @@ class CostEstimate:
 
 def estimate_stack_cost(cfg: StackConfig, catalog: Optional[Catalog] = None) -> CostEstimate:
     cat = catalog or load_catalog()
-    return CostEstimate(pools=tuple(pool_cost(c, p, cat) for c in cfg.clusters for p in c.gpu_pools))
+    return CostEstimate(pools=tuple(pool_cost(c, p, cat, cfg.models) for c in cfg.clusters for p in c.gpu_pools))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -183,6 +211,8 @@ def cost_output(est: CostEstimate, catalog: Optional[Catalog] = None) -> dict[st
             "min_nodes": p.min_nodes,
             "max_nodes": p.max_nodes,
         }
+        if p.serving_min_nodes:
+            row["nodes_at_min"] = p.least_nodes
         if p.priced:
             row.update(
                 instance_type=p.instance_type,
@@ -212,14 +242,14 @@ def cost_table_lines(est: CostEstimate) -> list[str]:
     head = f"  {'cluster':<14} {'pool':<12} {'capacity':<9} {'instance':<14} {'nodes':>6} {'$/h node':>9} {'$/h min':>9} {'$/h max':>9} {'$/mo max':>11} {'$/mo max OD':>12} {'saving':>7}"
     lines = ["", f"  GPU cost estimate ({CURRENCY}, {HOURS_PER_MONTH} h/month, GPU nodes only)", head]
     for p in est.pools:
-        nodes = f"{p.min_nodes}-{p.max_nodes}"
+        nodes = f"{p.least_nodes}-{p.max_nodes}"
         if not p.priced:
             lines.append(f"  {p.cluster:<14} {p.pool:<12} {p.capacity:<9} {'-':<14} {nodes:>6}  not priced: {p.note}")
             continue
         tag = " *" if p.price_source == "estimate" else ""
         lines.append(
             f"  {p.cluster:<14} {p.pool:<12} {p.capacity:<9} {p.instance_type:<14} {nodes:>6} "
-            f"{p.planned_node_hourly:>9.3f} {p.hourly(p.min_nodes):>9.2f} {p.hourly(p.max_nodes):>9.2f} "
+            f"{p.planned_node_hourly:>9.3f} {p.hourly(p.least_nodes):>9.2f} {p.hourly(p.max_nodes):>9.2f} "
             f"{monthly(p.hourly(p.max_nodes)):>11,.0f} {monthly(p.hourly(p.max_nodes, True)):>12,.0f} "
             f"{100 * p.savings:>6.0f}%{tag}"
         )

@@ -22,7 +22,7 @@ from components.existing.config import ExistingCluster, ExistingGpuPool
 from components.gcp.config import GcpCluster, GcpGpuPool
 from components.node_pools import effective_reserved_cpus, pool_topology_policy
 from components.platform.config import Namespaces, ObservabilityConfig
-from components.serving.config import ModelConfig, Placement, spot_drain_budget_s
+from components.serving.config import ModelConfig, Placement, spot_drain_budget_s, worst_drain_s
 
 Cluster = Annotated[Union[AwsCluster, GcpCluster, ExistingCluster], Field(discriminator="cloud")]
 AnyPool = Union[AwsGpuPool, GcpGpuPool, ExistingGpuPool]
@@ -284,5 +284,14 @@ def _drain_budget(key: str, m: ModelConfig, cluster: Any, ci: int) -> list[str]:
             f"{key}.drain.max_request_s: {m.drain.max_request_s}s streams cannot finish within the "
             f"{effective}s spot drain budget of cluster '{cluster.name}' (clusters[{ci}], "
             f"{notice}s notice); allowed: <= {effective}, or place the model on an on-demand pool"
+        ]
+    if worst_drain_s(m) > effective:
+        e = m.engine
+        return [
+            f"{key}.engine.max_queued_requests: {e.max_queued_requests} queued on "
+            f"{e.max_num_seqs} slots wait up to {worst_drain_s(m) - m.drain.max_request_s}s before "
+            f"streaming {m.drain.max_request_s}s: {worst_drain_s(m)}s exceeds the {effective}s spot "
+            f"drain budget of cluster '{cluster.name}' (clusters[{ci}]); allowed: a queue whose "
+            f"(1 + ceil(queued / max_num_seqs)) x max_request_s fits, e.g. 0"
         ]
     return []

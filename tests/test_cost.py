@@ -166,7 +166,7 @@ def test_stack_total_is_the_sum_of_pools(specs):
         pools.append(pool_cost(c, c.gpu_pools[0], CAT))
     est = CostEstimate(tuple(pools))
     for size in ("min", "max"):
-        assert est.total_hourly(size) == pytest.approx(sum(p.hourly(p.min_nodes if size == "min" else p.max_nodes) for p in pools))
+        assert est.total_hourly(size) == pytest.approx(sum(p.hourly(p.least_nodes if size == "min" else p.max_nodes) for p in pools))
         assert est.total_hourly(size) <= est.total_hourly(size, all_on_demand=True) + 1e-9
     assert est.total_hourly("min") <= est.total_hourly("max") + 1e-9
     assert 0.0 <= est.savings < 1.0
@@ -190,8 +190,23 @@ def test_dev_estimate_numbers(dev_run):
     assert pool["instance_type"] == "g6.2xlarge" and pool["capacity"] == "spot"
     assert pool["at_max"]["hourly"] == pytest.approx(2 * price.spot, abs=1e-4)
     assert pool["at_max"]["monthly_all_on_demand"] == pytest.approx(2 * price.on_demand * 730, abs=1e-3)
-    assert pool["at_min"]["hourly"] == 0
+    # qwen3-8b keeps min_replicas 1 (1 GPU) on this pool: the pool never really idles at 0 nodes
+    assert pool["min_nodes"] == 0 and pool["nodes_at_min"] == 1
+    assert pool["at_min"]["hourly"] == pytest.approx(price.spot, abs=1e-4)
     assert "estimate" in out["price_sources"], "unverified prices must be flagged"
+
+
+def test_prod_at_min_counts_the_nodes_min_replicas_keep(prod_run):
+    """prod: llama-70b keeps 2 replicas of 4 GPUs on prod-use1/h100 (8-GPU p5): 2 nodes, not
+    1, because replicas of one model never share a node; the economy tier keeps 1 of 4 GPUs on
+    prod-use1/l4."""
+    cfg = parsed_config(prod_run)
+    by = {(p.cluster, p.pool): p for p in estimate_stack_cost(cfg).pools}
+    assert by[("prod-use1", "h100")].least_nodes == 2
+    assert by[("prod-use1", "l4")].least_nodes == 1
+    assert by[("prod-usc1", "h100")].least_nodes == 1
+    assert by[("prod-usc1", "l4")].least_nodes == 0  # economy min_replicas 0 there
+    assert estimate_stack_cost(cfg).total_hourly("min") > 0
 
 
 def test_prod_spot_saves_against_all_on_demand(prod_run):

@@ -1,8 +1,16 @@
-"""The drain runtime on loopback: a fake vLLM streaming SSE tokens and serving /metrics, fake AWS
-IMDSv2 and GCE metadata servers, and the real sidecar / preStop script as subprocesses.
+"""The drain runtime on loopback: a fake vLLM streaming SSE tokens and serving /metrics, a fake
+Kubernetes API (the pod, its node, the node's events) and the real sidecar / preStop script as
+subprocesses.
 
-When the sidecar exits the test aborts every connection the fake vLLM still holds (what the node
-going away does), so a drain that returns early shows up as cut streams.
+Each spot path is played the way the platform really plays it: Karpenter's interruption
+controller posts a `SpotInterrupted` event on the Node, taints it `karpenter.sh/disrupted` and
+evicts the pod, which runs the preStop (aws/karpenter-provider-aws
+pkg/controllers/interruption/{controller.go,events/events.go}); GKE's graceful node shutdown runs
+the preStop and sets the pod condition `DisruptionTarget`/`TerminationByKubelet` (kubernetes.io/
+docs/concepts/workloads/pods/disruptions/#pod-disruption-conditions), possibly after the preStop
+started. When the drain is over the test aborts every connection the fake vLLM still holds (what
+SIGTERM past the drain, or the node going away, does), so a drain that returns early shows up as
+cut streams.
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ import sys
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -25,7 +34,9 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 DRAIN = ROOT / "components" / "serving" / "runtime" / "drain.py"
 sys.path.insert(0, str(DRAIN.parent))
-import drain as drain_mod  # noqa: E402  (the runtime is a stdlib script, not a package module)
+import deadline_http  # noqa: E402  (the runtime is stdlib scripts, not a package)
+import disruption  # noqa: E402
+import drain as drain_mod  # noqa: E402
 
 STREAMS = 200
 
@@ -140,60 +151,44 @@ class FakeVllm:
         self.thread.join(5)
 
 
-class Metadata:
-    """Fake AWS IMDSv2 and GCE metadata servers, switchable between healthy, noticed and garbage."""
+class FakeApi:
+    """The three reads the sidecar makes, answered from mutable documents."""
 
-    def __init__(self) -> None:
-        self.aws_notice = False
-        self.gce_preempted = False
-        self.mode = "ok"  # ok | garbage | raw
-        self.token = "tok-123"
-        self.aws_gets_without_token = 0
-        meta = self
+    def __init__(self, delay: float = 0.0) -> None:
+        self.pod = {"metadata": {"name": "p"}, "status": {"conditions": []}}
+        self.node = {"metadata": {"name": "n", "labels": {}}, "spec": {}}
+        self.events: list[dict] = []
+        self.delay = delay
+        self.auth_missing = 0
+        api = self
 
         class Handler(BaseHTTPRequestHandler):
-            def _send(self, code: int, body: bytes, headers: dict[str, str] | None = None) -> None:
+            def do_GET(self):  # noqa: N802
+                time.sleep(api.delay)
+                if self.headers.get("Authorization") != "Bearer tok":
+                    api.auth_missing += 1
+                    return self._send(401, {})
+                u = urllib.parse.urlsplit(self.path)
+                if u.path == "/api/v1/namespaces/ns/pods/p":
+                    return self._send(200, api.pod)
+                if u.path == "/api/v1/nodes/n":
+                    return self._send(200, api.node)
+                if u.path == "/api/v1/namespaces/default/events":
+                    sel = urllib.parse.parse_qs(u.query).get("fieldSelector", [""])[0]
+                    want = dict(kv.split("=", 1) for kv in sel.split(",") if kv)
+                    items = [e for e in api.events
+                             if all((e.get("involvedObject", {}).get(k.split(".", 1)[1]) if k.startswith("involvedObject.")
+                                     else e.get(k)) == v for k, v in want.items())]
+                    return self._send(200, {"items": items})
+                self._send(404, {})
+
+            def _send(self, code: int, doc: dict) -> None:
+                body = json.dumps(doc).encode()
                 self.send_response(code)
-                for k, v in (headers or {}).items():
-                    self.send_header(k, v)
+                self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)
-
-            def _raw(self) -> bool:
-                if meta.mode == "raw":
-                    self.wfile.write(b"\x00\xffnot http at all\r\n\r\n")
-                    self.close_connection = True
-                    return True
-                return False
-
-            def do_PUT(self):  # noqa: N802
-                if self._raw():
-                    return
-                if self.path == "/latest/api/token" and self.headers.get("X-aws-ec2-metadata-token-ttl-seconds"):
-                    self._send(200, meta.token.encode())
-                else:
-                    self._send(400, b"")
-
-            def do_GET(self):  # noqa: N802
-                if self._raw():
-                    return
-                if self.path == "/latest/meta-data/spot/instance-action":
-                    if self.headers.get("X-aws-ec2-metadata-token") != meta.token:
-                        meta.aws_gets_without_token += 1
-                        return self._send(401, b"")
-                    if meta.mode == "garbage":
-                        return self._send(200, b"<html>{not json")
-                    if meta.aws_notice:
-                        return self._send(200, json.dumps({"action": "terminate", "time": "2026-11-29T12:00:00Z"}).encode())
-                    return self._send(404, b"Not Found")
-                if self.path == "/computeMetadata/v1/instance/preempted":
-                    if self.headers.get("Metadata-Flavor") != "Google":
-                        return self._send(403, b"")
-                    if meta.mode == "garbage":
-                        return self._send(200, b"MAYBE?", {"Metadata-Flavor": "Google"})
-                    return self._send(200, b"TRUE" if meta.gce_preempted else b"FALSE", {"Metadata-Flavor": "Google"})
-                self._send(404, b"")
 
             def log_message(self, *a):
                 pass
@@ -202,6 +197,21 @@ class Metadata:
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    # what each platform does to the objects
+    def karpenter_interruption(self) -> None:
+        self.node["metadata"]["labels"]["karpenter.sh/capacity-type"] = "spot"
+        self.events.append({"reason": "SpotInterrupted", "type": "Warning",
+                            "involvedObject": {"kind": "Node", "name": "n"}})
+        self.karpenter_drain()
+
+    def karpenter_drain(self) -> None:
+        self.node["spec"]["taints"] = [{"key": "karpenter.sh/disrupted", "effect": "NoSchedule"}]
+
+    def kubelet_shutdown(self) -> None:
+        self.pod["status"]["conditions"].append(
+            {"type": "DisruptionTarget", "status": "True", "reason": "TerminationByKubelet",
+             "message": "Pod was terminated in response to imminent node shutdown."})
 
     def close(self) -> None:
         self.server.shutdown()
@@ -216,34 +226,40 @@ def vllm():
 
 
 @pytest.fixture
-def meta():
-    m = Metadata()
-    yield m
-    m.close()
+def api():
+    a = FakeApi()
+    yield a
+    a.close()
 
 
-def sidecar_env(tmp_path: Path, vllm_port: int, aws: str, gce: str, providers: str = "aws,gcp",
-                budget: float = 30) -> dict[str, str]:
+def sidecar_env(tmp_path: Path, vllm_port: int, api_url: str, budget: float = 30) -> dict[str, str]:
+    token = tmp_path / "token"
+    token.write_text("tok\n")
+    env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
     return {
-        **os.environ,
+        **env,
         "DRAIN_FLAG": str(tmp_path / "run" / "draining"),
         "VLLM_METRICS_URL": f"http://127.0.0.1:{vllm_port}/metrics",
         "READY_ADDR": "127.0.0.1",
         "READY_PORT": str(free_port()),
-        "SPOT_PROVIDERS": providers,
-        "AWS_IMDS_ENDPOINT": aws,
-        "GCE_METADATA_ENDPOINT": gce,
         "POLL_INTERVAL_S": "0.2",
-        "DRAIN_BUDGET_S": str(budget),
         "PRESTOP_TIMEOUT_S": str(budget),
         "SETTLE_S": "0.5",
         "HTTP_TIMEOUT_S": "0.5",
+        "IDLE_SAMPLES": "3",
+        "KUBE_API": api_url,
+        "KUBE_TOKEN_PATH": str(token),
+        "KUBE_CA_PATH": "",
+        "POD_NAME": "p",
+        "POD_NAMESPACE": "ns",
+        "NODE_NAME": "n",
     }
 
 
 def get(url: str) -> tuple[int, str]:
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     try:
-        with urllib.request.urlopen(url, timeout=1) as r:
+        with opener.open(url, timeout=1) as r:
             return r.status, r.read().decode()
     except urllib.error.HTTPError as e:
         return e.code, e.read().decode()
@@ -276,143 +292,99 @@ def stop(p: subprocess.Popen) -> str:
     return out
 
 
+def reason_metric(ready: str, reason: str) -> bool:
+    return f'gpuinfra_drain_in_progress{{reason="{reason}"}} 1' in get(f"{ready}/metrics")[1]
+
+
 # --------------------------------------------------------------------------------------------
-# The drain under a spot notice
+# The drain on each platform's spot path: the preStop drains, the sidecar names the reason
 # --------------------------------------------------------------------------------------------
 
 
-def run_spot_drain(tmp_path, vllm, meta, budget: float, providers: str, trigger) -> dict:
-    env = sidecar_env(tmp_path, vllm.port, meta.url, meta.url, providers, budget)
+def run_drain(tmp_path, vllm, api, budget: float, before_prestop, after_prestop=None, reason="spot") -> dict:
+    env = sidecar_env(tmp_path, vllm.port, api.url, budget)
     p, ready = start_sidecar(env)
     try:
         lengths = [15 + (i % 16) for i in range(STREAMS)]  # 1.5 s .. 3 s at 0.1 s per token
         results = vllm.stream_all(lengths, interval=0.1)
         assert wait_for(lambda: vllm.running == STREAMS, 10), f"only {vllm.running} streams started"
+        before_prestop()
         t0 = time.monotonic()
-        trigger()
+        hook = subprocess.Popen([sys.executable, str(DRAIN), "prestop"], env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         assert wait_for(lambda: get(f"{ready}/ready")[0] == 503, 5), "readiness never failed"
         t_unready = time.monotonic() - t0
-        _, metrics = get(f"{ready}/metrics")
-        p.wait(timeout=budget + 15)
+        if after_prestop:
+            time.sleep(0.5)
+            after_prestop()
+        t_reason = wait_for(lambda: reason_metric(ready, reason) and time.monotonic() - t0, 5)
+        hook.wait(timeout=budget + 15)
         t_exit = time.monotonic()
         in_flight_at_exit = vllm.running
-        vllm.abort_all()  # the node is gone the moment the sidecar says the drain is over
+        vllm.abort_all()  # SIGTERM past the drain: whatever is left is cut
         ok = results.result(30)
-        return {
-            "t_unready": t_unready, "t_exit": t_exit, "rc": p.returncode, "ok": ok,
-            "in_flight_at_exit": in_flight_at_exit, "metrics": metrics, "log": p.stdout.read(),
-        }
+        return {"t_unready": t_unready, "t_reason": t_reason, "ok": ok, "t_exit": t_exit,
+                "in_flight_at_exit": in_flight_at_exit, "log": hook.stdout.read() + stop(p)}
     finally:
         stop(p)
 
 
-def test_spot_notice_on_aws_fails_readiness_fast_and_cuts_no_stream(tmp_path, vllm, meta):
-    def notice():
-        meta.aws_notice = True
-
-    r = run_spot_drain(tmp_path, vllm, meta, budget=30, providers="aws,gcp", trigger=notice)
+def test_karpenter_interruption_drain_reports_spot_and_cuts_no_stream(tmp_path, vllm, api):
+    """AWS: IMDS is out of reach at hop limit 1; Karpenter's interruption queue drains the node."""
+    r = run_drain(tmp_path, vllm, api, 30, api.karpenter_interruption)
     assert r["t_unready"] < 2.0, f"readiness failed only after {r['t_unready']:.2f}s"
-    assert 'gpuinfra_drain_in_progress{reason="spot"} 1' in r["metrics"], r["metrics"]
-    assert r["rc"] == 0, r["log"]
+    assert r["t_reason"], f"gpuinfra_drain_in_progress{{reason=\"spot\"}} never fired\n{r['log']}"
     cut = r["ok"].count(False)
     assert cut == 0, f"{cut} of {STREAMS} in-flight streams were cut\n{r['log']}"
-    assert r["in_flight_at_exit"] == 0
-    assert vllm.completed == STREAMS
-    assert r["t_exit"] >= vllm.last_finish, "the sidecar exited before the last stream finished"
-    assert meta.aws_gets_without_token == 0, "instance-action was read without the IMDSv2 token"
+    assert r["in_flight_at_exit"] == 0 and vllm.completed == STREAMS
+    assert r["t_exit"] >= vllm.last_finish, "the preStop returned before the last stream finished"
+    assert api.auth_missing == 0
 
 
-def test_gce_preemption_drains_the_same_way(tmp_path, vllm, meta):
-    def preempt():
-        meta.gce_preempted = True
+def test_gke_graceful_node_shutdown_reports_spot_even_when_the_condition_lands_late(tmp_path, vllm, api):
+    """GKE: the metadata server hides instance/preempted; the kubelet's shutdown runs the preStop
+    and its DisruptionTarget condition may reach the API after the preStop started."""
+    def spot_node():
+        api.node["metadata"]["labels"]["cloud.google.com/gke-spot"] = "true"
 
-    r = run_spot_drain(tmp_path, vllm, meta, budget=30, providers="gcp", trigger=preempt)
-    assert r["t_unready"] < 2.0
+    r = run_drain(tmp_path, vllm, api, 30, spot_node, after_prestop=api.kubelet_shutdown)
+    assert r["t_reason"], r["log"]
     assert r["ok"].count(False) == 0, r["log"]
-    assert r["t_exit"] >= vllm.last_finish
 
 
-def test_a_drain_budget_shorter_than_the_streams_does_cut_them(tmp_path, vllm, meta):
-    """The harness can fail: if the sidecar gives up early, the abort cuts streams."""
+def test_karpenter_consolidation_reads_as_a_node_drain_not_spot(tmp_path, vllm, api):
+    api.node["metadata"]["labels"]["karpenter.sh/capacity-type"] = "spot"
+    r = run_drain(tmp_path, vllm, api, 30, api.karpenter_drain, reason="node")
+    assert r["t_reason"], r["log"]
+    assert r["ok"].count(False) == 0
 
-    def notice():
-        meta.aws_notice = True
 
-    r = run_spot_drain(tmp_path, vllm, meta, budget=0.6, providers="aws", trigger=notice)
+def test_a_prestop_budget_shorter_than_the_streams_does_cut_them(tmp_path, vllm, api):
+    """The harness can fail: if the drain gives up early, the abort cuts streams."""
+    r = run_drain(tmp_path, vllm, api, 0.6, api.karpenter_interruption)
     assert r["ok"].count(False) > 0, "a 0.6 s budget against 1.5-3 s streams should cut some"
 
 
-# --------------------------------------------------------------------------------------------
-# A broken metadata service is never a notice
-# --------------------------------------------------------------------------------------------
-
-
-def assert_still_serving(p: subprocess.Popen, ready: str, seconds: float = 2.0) -> str:
-    time.sleep(seconds)
-    assert p.poll() is None, f"sidecar exited:\n{stop(p)}"
-    assert get(f"{ready}/ready")[0] == 200, "a false drain: readiness failed"
-    _, metrics = get(f"{ready}/metrics")
-    assert 'gpuinfra_drain_in_progress{reason="spot"} 0' in metrics
-    return metrics
-
-
-def test_metadata_down_neither_crashes_nor_drains(tmp_path, vllm):
-    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens here
-    env = sidecar_env(tmp_path, vllm.port, dead, dead)
+def test_rollout_with_the_api_down_stays_rollout_and_counts_errors(tmp_path, vllm):
+    env = sidecar_env(tmp_path, vllm.port, f"http://127.0.0.1:{free_port()}")
     p, ready = start_sidecar(env)
     try:
-        metrics = assert_still_serving(p, ready)
-        assert 'gpuinfra_metadata_errors_total{provider="aws"} 0' not in metrics
-        assert 'gpuinfra_metadata_errors_total{provider="gcp"} 0' not in metrics
+        assert subprocess.run([sys.executable, str(DRAIN), "prestop"], env=env, timeout=20).returncode == 0
+        assert reason_metric(ready, "rollout")
+        assert wait_for(lambda: "gpuinfra_drain_api_errors_total 0" not in get(f"{ready}/metrics")[1], 3)
+        assert p.poll() is None, "the sidecar must outlive the drain (it is the readiness gate)"
     finally:
         stop(p)
 
 
-@pytest.mark.parametrize("mode", ["garbage", "raw"])
-def test_metadata_garbage_neither_crashes_nor_drains_then_a_real_notice_does(tmp_path, vllm, meta, mode):
-    meta.mode = mode
-    env = sidecar_env(tmp_path, vllm.port, meta.url, meta.url)
-    p, ready = start_sidecar(env)
-    try:
-        assert_still_serving(p, ready)
-        meta.mode, meta.aws_notice = "ok", True
-        assert wait_for(lambda: get(f"{ready}/ready")[0] == 503, 2), "a valid notice after garbage was missed"
-        assert p.wait(timeout=10) == 0
-    finally:
-        stop(p)
-
-
-def test_sigterm_stops_the_sidecar_promptly(tmp_path, vllm, meta):
-    p, _ = start_sidecar(sidecar_env(tmp_path, vllm.port, meta.url, meta.url))
+def test_sigterm_stops_the_sidecar_promptly(tmp_path, vllm, api):
+    p, _ = start_sidecar(sidecar_env(tmp_path, vllm.port, api.url))
     p.terminate()
     assert p.wait(timeout=5) == 0
 
 
-# --------------------------------------------------------------------------------------------
-# The preStop hook (rollout)
-# --------------------------------------------------------------------------------------------
-
-
-def test_prestop_fails_readiness_then_waits_for_in_flight_streams(tmp_path, vllm, meta):
-    env = sidecar_env(tmp_path, vllm.port, meta.url, meta.url, providers="")
-    p, ready = start_sidecar(env)
-    try:
-        results = vllm.stream_all([20] * 50, interval=0.1)
-        assert wait_for(lambda: vllm.running == 50, 10)
-        hook = subprocess.Popen([sys.executable, str(DRAIN), "prestop"], env=env,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        assert wait_for(lambda: get(f"{ready}/ready")[0] == 503, 2), "preStop did not fail readiness"
-        assert get(f"{ready}/ready")[1].strip() == "draining: rollout"
-        assert hook.wait(timeout=20) == 0
-        assert vllm.running == 0, "preStop returned while streams were in flight"
-        vllm.abort_all()  # SIGTERM -> vLLM exits
-        assert results.result(10).count(False) == 0
-    finally:
-        stop(p)
-
-
-def test_prestop_is_bounded_by_its_timeout(tmp_path, vllm, meta):
-    env = {**sidecar_env(tmp_path, vllm.port, meta.url, meta.url, providers=""), "PRESTOP_TIMEOUT_S": "1"}
+def test_prestop_is_bounded_by_its_timeout(tmp_path, vllm, api):
+    env = {**sidecar_env(tmp_path, vllm.port, api.url), "PRESTOP_TIMEOUT_S": "1"}
     results = vllm.stream_all([100], interval=0.1)  # 10 s stream
     assert wait_for(lambda: vllm.running == 1, 5)
     t0 = time.monotonic()
@@ -423,11 +395,116 @@ def test_prestop_is_bounded_by_its_timeout(tmp_path, vllm, meta):
 
 
 def test_prestop_returns_at_once_when_vllm_is_gone(tmp_path):
-    env = sidecar_env(tmp_path, free_port(), "http://127.0.0.1:1", "http://127.0.0.1:1", providers="")
+    env = sidecar_env(tmp_path, free_port(), "http://127.0.0.1:1")
     env["SETTLE_S"] = "0"
     t0 = time.monotonic()
     assert subprocess.run([sys.executable, str(DRAIN), "prestop"], env=env, timeout=10).returncode == 0
     assert time.monotonic() - t0 < 3
+
+
+# --------------------------------------------------------------------------------------------
+# Client hardening (each failed against the urllib client this replaced)
+# --------------------------------------------------------------------------------------------
+
+
+def _raw_server(handler) -> tuple[str, socket.socket]:
+    """A loopback TCP server whose every connection runs `handler(conn)` in a thread."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(64)
+
+    def loop():
+        while True:
+            try:
+                c, _ = srv.accept()
+            except OSError:
+                return
+            threading.Thread(target=handler, args=(c,), daemon=True).start()
+
+    threading.Thread(target=loop, daemon=True).start()
+    return f"http://127.0.0.1:{srv.getsockname()[1]}", srv
+
+
+def test_a_dripping_server_is_cut_at_the_request_deadline():
+    """One byte every 0.3 s never trips a per-read timeout of 1 s; the request deadline must."""
+    def drip(c):
+        c.recv(4096)
+        try:
+            for b in b"HTTP/1.1 200 OK\r\nContent-Length: 400\r\n\r\n" + b"x" * 400:
+                c.sendall(bytes([b]))
+                time.sleep(0.3)
+        except OSError:
+            pass
+        c.close()
+
+    url, srv = _raw_server(drip)
+    try:
+        t0 = time.monotonic()
+        assert drain_mod.scrape_queue(f"{url}/metrics", 1.0) is None
+        assert time.monotonic() - t0 < 1.6
+    finally:
+        srv.close()
+
+
+def test_a_proxy_in_the_environment_is_never_used(tmp_path, vllm):
+    """`http_proxy` set for vLLM's downloads must not carry the drain's loopback scrape: a proxy
+    answering 'nothing running' would end the drain with streams in flight."""
+    def liar(c):
+        c.recv(65536)
+        text = b"vllm:num_requests_running 0\nvllm:num_requests_waiting 0\n"
+        c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: " + str(len(text)).encode() + b"\r\n\r\n" + text)
+        c.close()
+
+    proxy, srv = _raw_server(liar)
+    env = {**sidecar_env(tmp_path, vllm.port, "http://127.0.0.1:1"),
+           "http_proxy": proxy, "HTTP_PROXY": proxy, "no_proxy": "", "NO_PROXY": ""}
+    try:
+        results = vllm.stream_all([25], interval=0.1)  # 2.5 s
+        assert wait_for(lambda: vllm.running == 1, 5)
+        assert subprocess.run([sys.executable, str(DRAIN), "prestop"], env=env, timeout=20).returncode == 0
+        assert vllm.running == 0, "the preStop believed a proxy and returned with a stream in flight"
+        vllm.abort_all()
+        assert results.result(10) == [True]
+    finally:
+        srv.close()
+
+
+def test_the_api_reads_run_concurrently():
+    api = FakeApi(delay=0.6)
+    try:
+        token = Path(os.environ.get("TMPDIR", "/tmp")) / f"tok-{os.getpid()}"
+        token.write_text("tok")
+        a = disruption.Api(api.url, str(token), None, "ns", "p", "n", 2.0)
+        t0 = time.monotonic()
+        pod, node, events = a.read_all()
+        assert pod and node and events is not None
+        assert time.monotonic() - t0 < 1.2, "pod, node and events were read one after another"
+    finally:
+        api.close()
+
+
+def test_one_empty_sample_is_not_trusted(tmp_path):
+    """vLLM can report 0 between a request's admission and its scheduling: only
+    IDLE_SAMPLES consecutive zeros end the wait."""
+    seq = iter([0, 4, 4, 0, 0, 0] + [0] * 50)
+    seen = []
+
+    def metrics(c):
+        c.recv(4096)
+        n = next(seq)
+        seen.append(n)
+        text = f"vllm:num_requests_running {n}\nvllm:num_requests_waiting 0\n".encode()
+        c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: " + str(len(text)).encode() + b"\r\n\r\n" + text)
+        c.close()
+
+    url, srv = _raw_server(metrics)
+    try:
+        s = drain_mod.Settings.from_env({"VLLM_METRICS_URL": f"{url}/metrics", "SETTLE_S": "0",
+                                         "POLL_INTERVAL_S": "0.05", "IDLE_SAMPLES": "3"})
+        assert drain_mod.wait_drained(s, 10) == "drained"
+        assert seen == [0, 4, 4, 0, 0, 0]
+    finally:
+        srv.close()
 
 
 # --------------------------------------------------------------------------------------------
@@ -453,20 +530,42 @@ def test_parse_queue(text, expected):
     assert drain_mod.parse_queue(text) == expected
 
 
+SPOT_AWS = {"metadata": {"labels": {"karpenter.sh/capacity-type": "spot"}},
+            "spec": {"taints": [{"key": "karpenter.sh/disrupted", "effect": "NoSchedule"}]}}
+SPOT_GKE = {"metadata": {"labels": {"cloud.google.com/gke-spot": "true"}}, "spec": {}}
+OD_GKE = {"metadata": {"labels": {}}, "spec": {}}
+BY_KUBELET = {"status": {"conditions": [{"type": "DisruptionTarget", "status": "True", "reason": "TerminationByKubelet"}]}}
+EVICTED = {"status": {"conditions": [{"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"}]}}
+SPOT_EVENT = {"items": [{"reason": "SpotInterrupted"}]}
+
+
+@pytest.mark.parametrize(
+    "pod,node,events,want",
+    [
+        (EVICTED, SPOT_AWS, SPOT_EVENT, "spot"),          # Karpenter interruption
+        (EVICTED, SPOT_AWS, {"items": []}, "node"),       # consolidation / drift of a spot node
+        (BY_KUBELET, SPOT_GKE, {"items": []}, "spot"),    # GKE preemption, graceful node shutdown
+        (BY_KUBELET, OD_GKE, {"items": []}, "node"),      # an on-demand node shutting down
+        ({"status": {}}, OD_GKE, {"items": []}, "rollout"),
+        (None, None, None, "rollout"),                    # API unreadable: never a false spot
+    ],
+)
+def test_classify(pod, node, events, want):
+    assert disruption.classify(pod, node, events) == want
+
+
+def test_the_reason_only_rises():
+    assert disruption.upgrade("rollout", "spot") == "spot"
+    assert disruption.upgrade("spot", "rollout") == "spot"
+    assert disruption.upgrade("node", "spot") == "spot"
+    assert disruption.upgrade(None, "rollout") == "rollout"
+
+
 def test_settings_defaults_are_the_pod_layout():
     s = drain_mod.Settings.from_env({})
     assert s.flag_path == "/run/gpuinfra/draining"
-    assert s.providers == ()
-    assert s.aws_endpoint == "http://169.254.169.254"
-    assert s.gce_endpoint == "http://metadata.google.internal"
-
-
-def test_unreachable_metadata_is_counted_every_poll_but_logged_sparingly(caplog):
-    """On EKS with IMDS hop limit 1 every poll fails: count each, log 1 in 60."""
-    st = drain_mod.State()
-    with caplog.at_level("WARNING", logger="gpuinfra.drain"):
-        for _ in range(120):
-            drain_mod._log_poll_error(st, "aws", "connection refused")
-    assert st.errors["aws"] == 120
-    assert [r.getMessage().split("; ")[-1] for r in caplog.records] == [
-        "1 failed polls so far)", "60 failed polls so far)", "120 failed polls so far)"]
+    assert s.api is None and s.idle_samples == 3
+    s = drain_mod.Settings.from_env({"POD_NAME": "p", "NODE_NAME": "n", "POD_NAMESPACE": "ns"})
+    assert s.api.server == "https://kubernetes.default.svc"
+    assert s.api.token_path == "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    assert s.api.ca_path == "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"

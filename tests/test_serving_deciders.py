@@ -4,11 +4,14 @@ pre-warm."""
 from __future__ import annotations
 
 import json
+import math
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -18,7 +21,13 @@ from components.platform.config import AlertThresholds
 from components.serving.config import ModelConfig
 from components.serving.dashboard import DASHBOARD_LABEL, UID_MAX, dashboard, dashboard_uid
 from components.serving.autoscale import hpa_spec, scaled_object_spec
-from components.serving.objects import shared_service_spec, tier_service_spec
+from components.serving.objects import (
+    drain_rbac_rules,
+    drain_service_spec,
+    service_monitor_spec,
+    shared_service_spec,
+    tier_service_spec,
+)
 from components.serving.pod_spec import (
     PYTHON_IMAGE,
     dns_label,
@@ -29,6 +38,8 @@ from components.serving.pod_spec import (
     runtime_files,
     served_slug,
     spot_drain_budget,
+    ENGINE_INIT_S,
+    startup_budget_s,
     startup_probe_timing,
     topology_spread,
 )
@@ -96,25 +107,75 @@ def test_spread_is_hard_across_nodes_and_soft_across_zones():
     assert keys == {"kubernetes.io/hostname": "DoNotSchedule", "topology.kubernetes.io/zone": "ScheduleAnyway"}
 
 
-def test_sidecar_polls_only_on_spot_and_gets_the_cloud_budget():
-    env = lambda c: {e["name"]: e["value"] for e in c["env"]}  # noqa: E731
-    aws = env(drain_sidecar(model(), POOL, "aws", 120))
-    assert aws["SPOT_PROVIDERS"] == "aws" and aws["DRAIN_BUDGET_S"] == "115"
-    gcp = env(drain_sidecar(model(drain={"max_request_s": 20}), POOL, "gcp", 30))
-    assert gcp["SPOT_PROVIDERS"] == "gcp" and gcp["DRAIN_BUDGET_S"] == "25"
-    od = GpuPoolInfo(**{**POOL.__dict__, "capacity": "on-demand"})
-    assert env(drain_sidecar(model(), od, "aws", 120))["SPOT_PROVIDERS"] == ""
+def test_sidecar_reads_its_drain_reason_from_the_api_and_polls_no_metadata_server():
+    """Pods cannot reach IMDS at hop limit 1 (EKS) or instance/preempted under GKE Workload
+    Identity: no metadata watcher ships; the sidecar learns the reason from the API instead."""
+    c = drain_sidecar(model())
+    env = {e["name"]: e for e in c["env"]}
+    assert not {"SPOT_PROVIDERS", "AWS_IMDS_ENDPOINT", "GCE_METADATA_ENDPOINT"} & set(env)
+    assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    spec = pod_spec(model(), "llama", POOL, "aws", 120, None)
+    assert spec["automountServiceAccountToken"] is False and spec["serviceAccountName"] == "llama-drain"
+    token_mounts = [(x["name"], m["name"]) for x in spec["containers"] + spec["initContainers"]
+                    for m in x["volumeMounts"] if m["name"] == "drain-api"]
+    assert token_mounts == [("spot-drain", "drain-api")], "only the sidecar holds the API token"
     assert spot_drain_budget(model(drain={"max_request_s": 20, "spot_drain_budget_s": 22}), 30) == 22
 
 
+def test_drain_rbac_is_read_only_and_scoped():
+    rules = drain_rbac_rules()
+    verbs = {v for scope in rules.values() for r in scope for v in r["verbs"]}
+    assert verbs <= {"get", "list"}
+    assert rules["cluster"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]}]
+    assert rules["namespace"][0]["resources"] == ["pods"] and rules["default"][0]["resources"] == ["events"]
+
+
+def test_drain_metrics_stay_scrapable_while_the_pod_terminates():
+    svc = drain_service_spec(model())
+    assert svc["publishNotReadyAddresses"] is True and [p["name"] for p in svc["ports"]] == ["drain"]
+    sm = service_monitor_spec(model())
+    assert sm["jobLabel"] == "gpuinfra.io/job"
+    assert {e["port"]: e["interval"] for e in sm["endpoints"]}["drain"] == "5s"
+
+
 @settings(max_examples=100, deadline=None)
-@given(st.floats(1, 2000))
-def test_startup_probe_allows_long_loads_and_stays_bounded(params):
+@given(st.floats(1, 2000), st.integers(10, 20_000))
+def test_startup_budget_covers_writing_and_reading_the_checkpoint(params, mib_s):
+    """A cold node writes the checkpoint to the cache while downloading it, then vLLM reads it
+    back: the probe must outlast both at the cache volume's throughput, plus engine init."""
     m = model(params_billion=params, engine={"tensor_parallel_size": 1},
               resources={"cpu": 8, "memory_gib": 64}, min_kv_cache_gib=1)
-    t = startup_probe_timing(m)
+    pool = GpuPoolInfo(**{**POOL.__dict__, "cache_read_mib_s": mib_s})
+    t = startup_probe_timing(m, pool)
     budget = t.period_s * t.failure_threshold
-    assert 600 <= budget <= 3600 + t.period_s
+    io_s = 2 * m.checkpoint_bytes / 2**20 / mib_s
+    assert budget >= 600 and budget >= io_s + ENGINE_INIT_S
+
+
+def test_online_fp8_reads_the_bf16_checkpoint():
+    """`--quantization fp8` on a BF16 repo quantizes online: vLLM downloads and reads 2 bytes per
+    parameter (141 GB for Llama-3.3-70B), though the GPU holds 1 byte per parameter."""
+    online = model(params_billion=70.6)
+    assert online.checkpoint_bytes == int(70.6e9 * 2)
+    assert online.weights_gib < online.checkpoint_bytes / 2**30 / 1.9
+    prequant = model(params_billion=70.6, model="RedHatAI/Llama-3.3-70B-Instruct-FP8-dynamic",
+                     engine={"tensor_parallel_size": 4, "quantization": "compressed-tensors"})
+    assert prequant.checkpoint_bytes == int(70.6e9)
+    # At a gp3 volume's 125 MiB/s the BF16 checkpoint alone takes ~36 min to write and read:
+    # the old weights-based budget (300 s + 15 s/GiB of FP8 weights, ~1290 s) killed the pod.
+    assert startup_budget_s(online, POOL) > 2 * 70.6e9 * 2 / 2**20 / 125
+    assert startup_budget_s(prequant, POOL) < startup_budget_s(online, POOL)
+    fast = GpuPoolInfo(**{**POOL.__dict__, "cache_read_mib_s": 2000})
+    assert startup_budget_s(prequant, fast) < startup_budget_s(prequant, POOL)
+    assert startup_budget_s(model(cache={"kind": "pvc", "read_mib_s": 500}), POOL) < startup_budget_s(online, POOL)
+
+
+def test_torch_compile_cache_lives_on_the_model_cache():
+    (vllm,) = pod_spec(model(), "llama", POOL, "aws", 120, None)["containers"]
+    env = {e["name"]: e.get("value") for e in vllm["env"]}
+    mounts = {v["mountPath"]: v["name"] for v in vllm["volumeMounts"]}
+    assert env["VLLM_CACHE_ROOT"].startswith("/models/") and mounts["/models"] == "model-cache"
 
 
 @settings(max_examples=200, deadline=None)
@@ -137,31 +198,77 @@ def test_services_tier_and_shared():
     assert served_slug(m) == "llama-3-3-70b"
 
 
-def test_scaled_object_scales_on_waiting_requests_within_placement_bounds():
-    m = model(autoscaling={"target_queue_depth": 4})
+def test_scaled_object_scales_on_load_against_slot_capacity_within_placement_bounds():
+    m = model(engine={"tensor_parallel_size": 4, "max_num_seqs": 128}, autoscaling={"target_queue_depth": 4})
     so = scaled_object_spec(m, m.placements[0], "llama", "llm-serving", "http://p:9090")
     assert so["minReplicaCount"] == 1 and so["maxReplicaCount"] == 4
     assert so["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "llama"}
-    (t,) = so["triggers"]
-    assert t["type"] == "prometheus"
-    assert t["metadata"]["query"] == 'sum(vllm:num_requests_waiting{namespace="llm-serving",job="llama"})'
-    assert t["metadata"]["threshold"] == "4" and t["metadata"]["serverAddress"] == "http://p:9090"
+    load, queue = so["triggers"]
+    sel = 'namespace="llm-serving",job="llama"'
+    assert load["type"] == queue["type"] == "prometheus"
+    assert load["metadata"]["query"] == f"sum(vllm:num_requests_running{{{sel}}}) + sum(vllm:num_requests_waiting{{{sel}}})"
+    assert load["metadata"]["threshold"] == str(int(128 * 0.8))  # 102 of 128 slots per replica
+    assert queue["metadata"]["query"] == f"sum(vllm:num_requests_waiting{{{sel}}})"
+    assert queue["metadata"]["threshold"] == "4" and queue["metadata"]["serverAddress"] == "http://p:9090"
+
+
+def _hpa_desired(metric_total: float, target_per_replica: float, lo: int, hi: int) -> int:
+    """The HPA's answer for an AverageValue metric (kubernetes.io/docs/tasks/run-application/
+    horizontal-pod-autoscale/#algorithm-details: desired = ceil(current x currentMetric / target),
+    and an AverageValue metric's current value is the total divided by current replicas, so
+    desired = ceil(total / target)); KEDA's Prometheus scaler feeds the query's total as an
+    AverageValue metric (its default metricType)."""
+    return min(hi, max(lo, math.ceil(metric_total / target_per_replica)))
+
+
+def _simulate(m, demand: int, triggers: list[str], steps: int = 12) -> list[int]:
+    """Replica counts over time with `demand` concurrent requests offered, each replica running
+    up to max_num_seqs and queueing the rest (spread evenly, as the Service does)."""
+    so = scaled_object_spec(m, m.placements[0], "llama", "ns", "http://p:9090")
+    target = {t["name"]: float(t["metadata"]["threshold"]) for t in so["triggers"]}
+    lo, hi, n, seen = so["minReplicaCount"], so["maxReplicaCount"], so["minReplicaCount"], []
+    for _ in range(steps):
+        running = min(demand, n * m.engine.max_num_seqs)
+        waiting = demand - running
+        total = {"load": running + waiting, "queue": waiting}
+        n = max(_hpa_desired(total[t], target[t], lo, hi) for t in triggers)  # the HPA takes the max
+        seen.append(n)
+    return seen
+
+
+def test_load_trigger_settles_where_the_queue_trigger_oscillates():
+    """300 concurrent streams on replicas of 128 slots. Queue-only: 1 replica queues 172 -> 43
+    wanted -> capped at 4 -> queue empties -> back to 1 -> ... (the sawtooth). Load: 300 / 102 ->
+    3 replicas once the burst's queue is served, whatever the current count."""
+    m = model(engine={"tensor_parallel_size": 4, "max_num_seqs": 128}, autoscaling={"target_queue_depth": 4})
+    queue_only = _simulate(m, 300, ["queue"])
+    assert set(queue_only) == {1, 4} and queue_only[:4] == [4, 1, 4, 1]
+    both = _simulate(m, 300, ["load", "queue"])
+    assert both[0] == 4 and both[1:] == [3] * (len(both) - 1)  # the burst, then 3 for good
+    assert _simulate(m, 60, ["load", "queue"]) == [1] * 12
 
 
 def test_economy_tier_also_scales_on_the_served_model_backlog():
     m = model(tier="economy", name="llama-eco")
     so = scaled_object_spec(m, m.placements[0], "llama-eco", "ns", "http://p:9090")
-    assert [t["name"] for t in so["triggers"]] == ["queue", "overflow"]
-    assert 'model_name="llama-3.3-70b"' in so["triggers"][1]["metadata"]["query"]
+    assert [t["name"] for t in so["triggers"]] == ["load", "queue", "overflow", "rejected"]
+    assert 'model_name="llama-3.3-70b"' in so["triggers"][2]["metadata"]["query"]
+    # with a bounded queue the primary's overflow shows as 503s, not as waiting requests
+    rejected = so["triggers"][3]["metadata"]
+    assert "vllm:admission_rejections_total" in rejected["query"] and 'model_name="llama-3.3-70b"' in rejected["query"]
+    assert float(rejected["threshold"]) == pytest.approx(int(256 * 0.8) / 60, abs=1e-3)
+    assert rejected["activationThreshold"] == "0"
 
 
 def test_hpa_fallback_uses_an_external_metric():
     m = model(autoscaling={"mode": "hpa"})
     h = hpa_spec(m, m.placements[0], "llama")
     assert h["minReplicas"] == 1 and h["maxReplicas"] == 4
-    (metric,) = h["metrics"]
-    assert metric["type"] == "External"
-    assert metric["external"]["target"] == {"type": "AverageValue", "averageValue": "5"}
+    load, queue = h["metrics"]
+    assert load["type"] == queue["type"] == "External"
+    assert load["external"]["metric"]["name"] == "vllm_num_requests_in_flight"
+    assert load["external"]["target"] == {"type": "AverageValue", "averageValue": str(int(256 * 0.8))}
+    assert queue["external"]["target"] == {"type": "AverageValue", "averageValue": "5"}
 
 
 def test_alerts_cover_every_required_signal():
@@ -174,7 +281,9 @@ def test_alerts_cover_every_required_signal():
     assert "histogram_quantile(0.99" in by["VllmTtftP99High"]["expr"]
     assert "vllm:time_to_first_token_seconds_bucket" in by["VllmTtftP99High"]["expr"] and "> 2.5" in by["VllmTtftP99High"]["expr"]
     assert f'{CUDA_METRIC}_bucket{{call="{CUDA_LAUNCH_CALL}"' in by["CudaLaunchStall"]["expr"]
-    assert 'gpuinfra_drain_in_progress{namespace="llm-serving",job="llama",reason="spot"}' in by["VllmSpotDrainStarted"]["expr"]
+    assert 'gpuinfra_drain_in_progress{namespace="llm-serving",job="llama",reason="spot"}[2m]' in by["VllmSpotDrainStarted"]["expr"]
+    text = by["VllmSpotDrainStarted"]["annotations"]["description"]
+    assert "Karpenter" in text and "graceful node shutdown" in text and "notice" not in by["VllmSpotDrainStarted"]["annotations"]["summary"]
     for r in rules:
         assert set(r) == {"alert", "expr", "for", "labels", "annotations"}, r["alert"]
         assert r["labels"]["severity"] in {"info", "warning", "critical"}
@@ -201,6 +310,37 @@ def test_dashboard_covers_the_required_panels():
     assert len({p["id"] for p in d["panels"]}) == len(d["panels"])
     assert DASHBOARD_LABEL == {"grafana_dashboard": "1"}
     json.dumps(d)
+    for p in d["panels"]:
+        formats = {t.get("format") for t in p["targets"]}
+        assert formats == ({"heatmap"} if p["type"] == "heatmap" else {None}), p["title"]
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool (Debian package prometheus) not installed")
+def test_spot_alert_fires_on_a_drain_series_that_lives_only_15_seconds(tmp_path):
+    """GKE's default notice leaves pods 15 s: the sidecar's series is scraped (every 5 s) about
+    three times and then ends with the pod. promtool evaluates the real rule against it."""
+    import yaml
+
+    rules = prometheus_rule_spec(model(), "llama", "llm-serving", AlertThresholds())
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump(rules))
+    series = 'gpuinfra_drain_in_progress{namespace="llm-serving",job="llama",pod="llama-abc-12345",reason="spot"}'
+    test = {
+        "rule_files": ["rules.yaml"],
+        "evaluation_interval": "5s",
+        "tests": [{
+            "interval": "5s",
+            "input_series": [{"series": series, "values": "0 1 1 1 stale"}],
+            "alert_rule_test": [
+                {"eval_time": "20s", "alertname": "VllmSpotDrainStarted",
+                 "exp_alerts": [{"exp_labels": {"pod": "llama-abc-12345", "model": "llama", "tier": "primary", "severity": "info"},
+                                 "exp_annotations": rules["groups"][0]["rules"][-1]["annotations"] | {
+                                     "summary": "llama: spot capacity reclaimed under llama-abc-12345, draining"}}]},
+            ],
+        }],
+    }
+    (tmp_path / "test.yaml").write_text(yaml.safe_dump(test))
+    r = subprocess.run(["promtool", "test", "rules", "test.yaml"], cwd=tmp_path, capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
 
 
 _DNS = st.from_regex(r"\A[a-z]([-a-z0-9]{0,20}[a-z0-9])?\Z")
@@ -249,12 +389,13 @@ def test_dashboard_uid_is_short_and_injective(ns, stem, t1, t2):
     assert (a == b) == (t1 == t2), (a, b)
 
 
-def test_runtime_ships_both_scripts():
+def test_runtime_ships_every_script_stdlib_only():
     files = runtime_files()
-    assert set(files) == {"drain.py", "prewarm.py"}
+    assert set(files) == {"drain.py", "deadline_http.py", "disruption.py", "prewarm.py"}
     for name, text in files.items():
         imports = re.findall(r"^(?:from|import) ([a-z_.]+)", text, re.M)
-        assert all(i.split(".")[0] in sys.stdlib_module_names or i == "__future__" for i in imports), (name, imports)
+        shipped = {f.removesuffix(".py") for f in files}
+        assert all(i.split(".")[0] in sys.stdlib_module_names | shipped or i == "__future__" for i in imports), (name, imports)
 
 
 def test_prewarm_reads_weight_files_within_budget(tmp_path):
@@ -279,3 +420,18 @@ def test_prewarm_reads_weight_files_within_budget(tmp_path):
     assert rep["files"] == 1 and rep["bytes"] == 3 << 20 and rep["skipped"] == 1, rep
     out = subprocess.run([sys.executable, str(script), str(tmp_path / "nope")], capture_output=True, text=True, timeout=30)
     assert out.returncode == 0 and json.loads(out.stdout)["files"] == 0
+
+
+def test_the_queue_is_bounded_and_its_wait_counted_in_the_drain():
+    """vLLM 0.33 counts waiting + running against `--max-num-queued-reqs` and answers a request
+    over it with 503 (`QueueOverflowError`, vllm/exceptions.py; `check_admission`,
+    vllm/v1/engine/async_llm.py), so a gateway can overflow it to the economy tier."""
+    from components.serving.config import worst_drain_s
+
+    m = model(engine={"tensor_parallel_size": 4, "max_num_seqs": 128, "max_queued_requests": 0},
+              drain={"max_request_s": 90})
+    assert m.engine.max_num_queued_reqs == 128 and worst_drain_s(m) == 90
+    # the independent test's backlog: 320 streams on 128 slots = 192 queued, 2 rounds of waiting
+    big = model(engine={"tensor_parallel_size": 4, "max_num_seqs": 128, "max_queued_requests": 192},
+                drain={"max_request_s": 90})
+    assert big.engine.max_num_queued_reqs == 320 and worst_drain_s(big) == 3 * 90

@@ -135,12 +135,23 @@ def test_scheduling_follows_the_pool(any_run):
         keys = {c["topologyKey"] for c in spec["topologySpreadConstraints"]}
         assert keys == {"kubernetes.io/hostname", "topology.kubernetes.io/zone"}, comp.urn
         sidecar = next(c for c in spec["initContainers"] if c["name"] == "spot-drain")
-        env = {e["name"]: e.get("value") for e in sidecar["env"]}
-        pool = cfg.pool(p.cluster, p.pool)
-        if pool.capacity == "spot":
-            assert env["SPOT_PROVIDERS"], comp.urn
-            notice = cfg.cluster(p.cluster).spot_notice_s
-            assert 0 < int(env["DRAIN_BUDGET_S"]) <= notice, comp.urn
+        env = {e["name"] for e in sidecar["env"]}
+        # every cloud takes the same path (the platform runs the preStop); no metadata watcher
+        assert {"POD_NAME", "NODE_NAME"} <= env and "SPOT_PROVIDERS" not in env, comp.urn
+        assert cfg.pool(p.cluster, p.pool) is not None
+
+
+def test_drain_sidecar_identity_is_read_only_and_its_metrics_survive_termination(any_run):
+    for comp, m, _, kids in servings(any_run):
+        spec = pod(kids, comp)
+        (sa,) = kids["kubernetes:core/v1:ServiceAccount"]
+        assert spec["serviceAccountName"] == sa.inputs["metadata"]["name"], comp.urn
+        roles = kids["kubernetes:rbac.authorization.k8s.io/v1:Role"] + kids["kubernetes:rbac.authorization.k8s.io/v1:ClusterRole"]
+        for r in roles:
+            for rule in r.inputs["rules"]:
+                assert set(rule["verbs"]) <= {"get", "list"}, f"{r.urn}: {rule}"
+        drain_svc = [s for s in kids["kubernetes:core/v1:Service"] if s.inputs["spec"].get("publishNotReadyAddresses")]
+        assert len(drain_svc) == 1, comp.urn
 
 
 def test_hf_token_reaches_the_pod_only_through_a_secret(any_run):
@@ -266,9 +277,12 @@ def _engine(**kw):
         ("dev", lambda c: c[MODELS][0]["drain"].update(readiness_settle_s=60), "models[0].drain.readiness_settle_s"),
         ("prod", lambda c: c[MODELS][0]["placements"][1].update(min_replicas=0), "models[0].placements[1].min_replicas"),
         ("dev", lambda c: c.setdefault(OBS, {}).update(prometheus_url="http://prom.other.svc:9090"), "observability.prometheus_url"),
+        # 90 s streams, 128 slots, 64 queued: the last queued request waits one 90 s round before
+        # its own 90 s stream, 180 s > the 115 s AWS spot budget (the backlog a notice used to cut)
+        ("prod", _engine(max_queued_requests=64), "models[0].engine.max_queued_requests"),
     ],
     ids=["tp-too-large", "quantization", "kv-dtype", "shm-too-small", "drain-budget", "latest-image",
-         "hpa-scale-to-zero", "settle", "primary-scale-to-zero", "prometheus-url"],
+         "hpa-scale-to-zero", "settle", "primary-scale-to-zero", "prometheus-url", "queue-vs-spot-budget"],
 )
 def test_bad_serving_config_is_rejected_naming_the_key(stack, edit, key):
     msg, resources = _broken(stack, edit)

@@ -43,6 +43,8 @@ def test_defaults_render_the_expected_command_line():
         "--gpu-memory-utilization", "0.9",
         "--max-model-len", "8192",
         "--enable-chunked-prefill",
+        "--max-num-seqs", "256",
+        "--max-num-queued-reqs", "256",
         "--kv-cache-dtype", "auto",
         "--enable-prefix-caching",
         "--shutdown-timeout", "60",
@@ -90,7 +92,8 @@ engines = st.fixed_dictionaries(
         "max_model_len": st.integers(256, 131072),
         "enable_chunked_prefill": st.booleans(),
         "max_num_batched_tokens": st.none() | st.integers(256, 65536),
-        "max_num_seqs": st.none() | st.integers(1, 4096),
+        "max_num_seqs": st.integers(1, 4096),
+        "max_queued_requests": st.integers(0, 4096),
         "quantization": st.none() | st.sampled_from(get_args(Quantization)),
         "kv_cache_dtype": st.sampled_from(get_args(KvCacheDtype)),
         "block_size": st.none() | st.sampled_from([8, 16, 32, 64, 128]),
@@ -120,7 +123,9 @@ def test_args_round_trip_to_the_typed_config(engine):
     assert ("--enable-prefix-caching" in p) is e.enable_prefix_caching
     assert ("--no-enable-prefix-caching" in p) is not e.enable_prefix_caching
     assert p.get("--max-num-batched-tokens") == (None if e.max_num_batched_tokens is None else str(e.max_num_batched_tokens))
-    assert p.get("--max-num-seqs") == (None if e.max_num_seqs is None else str(e.max_num_seqs))
+    assert p["--max-num-seqs"] == str(e.max_num_seqs)
+    # vLLM's cap counts running + waiting (vllm 0.33 vllm/config/scheduler.py max_num_queued_reqs)
+    assert int(p["--max-num-queued-reqs"]) == e.max_num_seqs + e.max_queued_requests
     assert p.get("--quantization") == e.quantization
     assert p["--kv-cache-dtype"] == e.kv_cache_dtype
     assert p.get("--block-size") == (None if e.block_size is None else str(e.block_size))

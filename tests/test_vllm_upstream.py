@@ -26,7 +26,7 @@ from components.serving.config import VLLM_IMAGE, KvCacheDtype, Quantization, Vl
 from components.serving.vllm_args import FLAGS, REMOVED_FLAGS, vllm_args
 from tests.support import manifest
 from tests.test_vllm_args import model
-from tools.offline import ROOT
+from tools.offline import ROOT, stack_config
 
 EVIDENCE = Path(__file__).resolve().parent / "data" / "vllm"
 PINNED = VLLM_IMAGE.rsplit(":", 1)[1].removeprefix("v")
@@ -130,7 +130,8 @@ def test_every_emitted_flag_exists_with_the_right_arity(upstream):
             "kv_cache_dtype": st.sampled_from(get_args(KvCacheDtype)),
             "block_size": st.sampled_from(literal("block_size")),
             "max_num_batched_tokens": st.none() | st.integers(256, 1 << 20),
-            "max_num_seqs": st.none() | st.integers(1, 4096),
+            "max_num_seqs": st.integers(1, 4096),
+            "max_queued_requests": st.integers(0, 65536),
             "shutdown_timeout_s": st.none() | st.integers(0, 3600),
         }
     ),
@@ -261,3 +262,27 @@ def test_every_metric_in_the_rendered_monitoring_objects_is_exported_upstream(an
             checked += 1
             assert name in exposed, f"{r.urn}: {name} is not a sample vllm {PINNED} exports"
     assert checked, "no vllm: metric found in any rendered rule, dashboard or autoscaler"
+
+
+DEPRECATED_QUANTIZATION_0_33 = ("fbgemm_fp8", "fp_quant")
+"""vllm 0.33.0 vllm/model_executor/layers/quantization/__init__.py `DEPRECATED_QUANTIZATION_METHODS`:
+`ModelConfig._verify_quantization` refuses them unless `--allow-deprecated-quantization` is set."""
+
+
+def test_no_quantization_choice_is_deprecated_upstream():
+    assert not set(literal("quantization")) & set(DEPRECATED_QUANTIZATION_0_33)
+
+
+def test_prod_serves_a_pre_quantized_fp8_checkpoint_by_its_own_method():
+    """prod's 70B is RedHatAI/Llama-3.3-70B-Instruct-FP8-dynamic (huggingface.co, an llm-compressor
+    FP8 checkpoint tagged `compressed-tensors`, 15 safetensors shards): its config.json's
+    quant_method is `compressed-tensors`, and vLLM 0.33 rejects a `--quantization` that differs
+    from it ("does not match", vllm/config/model.py). `fp8` on the BF16 repo would download 141 GB
+    and quantize online at every cold start."""
+    from components.stack_config import ModelConfig
+
+    raw = stack_config("prod")["gpu-inference-platform:models"]
+    for m in (ModelConfig.model_validate(x) for x in raw):
+        assert m.model.endswith("-FP8-dynamic"), m.name
+        assert m.engine.quantization == "compressed-tensors", m.name
+        assert m.checkpoint_bytes <= 1.01 * m.params_billion * 1e9, m.name

@@ -6,7 +6,8 @@ Metric names are the ones the pinned versions export:
   `vllm:gpu_cache_usage_perc`), `vllm:time_to_first_token_seconds` (histogram);
 - the eBPF agent (bpf/agent/metrics.py): `ebpf_cuda_call_enqueue_seconds` histogram, label
   `call="cudaLaunchKernel"`, with the workload's `namespace`/`pod` labels;
-- the drain sidecar (components/runtime/drain.py): `gpuinfra_drain_in_progress{reason}`.
+- the drain sidecar (components/serving/runtime/drain.py): `gpuinfra_drain_in_progress{reason}`
+  (reason `spot`, `node` or `rollout`, read from the API by runtime/disruption.py).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from components.serving.config import ModelConfig
 CUDA_METRIC = "ebpf_cuda_call_enqueue_seconds"
 CUDA_LAUNCH_CALL = "cudaLaunchKernel"
 DRAIN_METRIC = "gpuinfra_drain_in_progress"
+SPOT_ALERT_WINDOW = "2m"
 
 
 def pod_regex(deployment: str) -> str:
@@ -94,13 +96,19 @@ def alert_rules(m: ModelConfig, job: str, namespace: str, t: AlertThresholds) ->
         ),
         rule(
             "VllmSpotDrainStarted",
-            f'max by (pod) ({DRAIN_METRIC}{{{sel},reason="spot"}}) > 0',
+            # max_over_time: the drain sidecar's series ends with the pod, which can be 15 s
+            # after the notice on GKE; the alert still fires once from that short series.
+            f'max by (pod) (max_over_time({DRAIN_METRIC}{{{sel},reason="spot"}}[{SPOT_ALERT_WINDOW}])) > 0',
             "0m", "info",
-            f"{m.name}: spot notice on {{{{ $labels.pod }}}}, draining",
-            "The node got a spot interruption/preemption notice. The pod failed readiness and is "
-            "finishing its in-flight streams; a replacement is being scheduled.",
-        ),
-    ]
+            f"{m.name}: spot capacity reclaimed under {{{{ $labels.pod }}}}, draining",
+            "The cloud is taking the node back (Karpenter's interruption queue on AWS, the "
+            "kubelet's graceful node shutdown on GKE). The pod has left the Service endpoints and "
+            "its preStop is finishing in-flight streams until the node's notice runs out (about "
+            "115 s on AWS, 10-100 s on GKE); streams still running then are cut. The Deployment "
+            "schedules a replacement on spot or the on-demand fallback, which is not ready before "
+            "the model loads (see the startup budget), so the other replicas and the economy tier "
+            "carry the load meanwhile.",
+        ),    ]
 
 
 def prometheus_rule_spec(m: ModelConfig, job: str, namespace: str, t: AlertThresholds) -> dict[str, Any]:

@@ -1,8 +1,14 @@
-"""Pure deciders for queue-depth autoscaling: a KEDA ScaledObject (Prometheus scaler) or, when
-KEDA is off, an `autoscaling/v2` HPA on an External metric.
+"""Pure deciders for load autoscaling: a KEDA ScaledObject (Prometheus scaler) or, when KEDA is
+off, an `autoscaling/v2` HPA on External metrics.
 
-The signal is `vllm:num_requests_waiting`: requests admitted but not yet scheduled, i.e. work a
-new replica would take. The scaler divides it by the target per replica (AverageValue).
+The main signal is the requests in flight, `vllm:num_requests_running + vllm:num_requests_waiting`,
+against a per-replica capacity of `ceil(max_num_seqs x target_utilization)`. With AverageValue the
+HPA wants `ceil(total / capacity)` replicas (Kubernetes HPA algorithm: desired =
+ceil(current x metric / target), and an AverageValue metric is already divided by current). The
+total is the offered load whatever the replica count, so the answer is stable. On
+`num_requests_waiting` alone it is not: new replicas drain the queue, the metric drops to 0, the
+HPA removes them, the queue returns (a sawtooth with ~20 min cold starts). Queue depth stays as a
+second trigger (the HPA takes the largest proposal) for bursts beyond the slots.
 """
 
 from __future__ import annotations
@@ -10,11 +16,19 @@ from __future__ import annotations
 from typing import Any
 
 from components.serving.alerts import job_selector
-from components.serving.config import ModelConfig, Placement
+from components.serving.config import ModelConfig, Placement, replica_capacity
 
 KEDA_API = "keda.sh/v1alpha1"
 EXTERNAL_METRIC = "vllm_num_requests_waiting"
-"""External-metrics name for the HPA fallback (the adapter rule in docs/serving.md exposes it)."""
+"""External-metrics name of the queue for the HPA fallback (adapter rules in docs/serving.md)."""
+EXTERNAL_LOAD_METRIC = "vllm_num_requests_in_flight"
+"""External-metrics name of running + waiting for the HPA fallback."""
+
+
+def in_flight_query(namespace: str, job: str) -> str:
+    """Requests this model entry's replicas hold: running plus waiting."""
+    sel = job_selector(namespace, job)
+    return f"sum(vllm:num_requests_running{{{sel}}}) + sum(vllm:num_requests_waiting{{{sel}}})"
 
 
 def waiting_query(namespace: str, job: str) -> str:
@@ -27,6 +41,17 @@ def served_waiting_query(namespace: str, served_name: str) -> str:
     return f'sum(vllm:num_requests_waiting{{namespace="{namespace}",model_name="{served_name}"}})'
 
 
+def served_rejections_query(namespace: str, served_name: str) -> str:
+    """Requests per second the served model's replicas turn away at their queue cap (HTTP 503)."""
+    return (f'sum(rate(vllm:admission_rejections_total{{namespace="{namespace}",'
+            f'model_name="{served_name}"}}[2m]))')
+
+
+def overflow_rate_per_replica(m: ModelConfig) -> float:
+    """Requests per second one replica of `m` absorbs at capacity: its slots over the longest stream."""
+    return round(max(replica_capacity(m) / m.drain.max_request_s, 0.01), 3)
+
+
 def _behavior(m: ModelConfig) -> dict[str, Any]:
     return {
         "scaleUp": {"stabilizationWindowSeconds": 0, "policies": [{"type": "Pods", "value": 1, "periodSeconds": 60}]},
@@ -37,14 +62,14 @@ def _behavior(m: ModelConfig) -> dict[str, Any]:
     }
 
 
-def _prometheus_trigger(name: str, prometheus_url: str, query: str, threshold: int, activation: int) -> dict[str, Any]:
+def _prometheus_trigger(name: str, prometheus_url: str, query: str, threshold: float, activation: int) -> dict[str, Any]:
     return {
         "type": "prometheus",
         "name": name,
         "metadata": {
             "serverAddress": prometheus_url,
             "query": query,
-            "threshold": str(threshold),
+            "threshold": f"{threshold:g}",
             "activationThreshold": str(activation),
         },
     }
@@ -55,15 +80,24 @@ def scaled_object_spec(
 ) -> dict[str, Any]:
     a = m.autoscaling
     triggers = [
-        _prometheus_trigger("queue", prometheus_url, waiting_query(namespace, deployment), a.target_queue_depth, 0)
+        _prometheus_trigger("load", prometheus_url, in_flight_query(namespace, deployment), replica_capacity(m), 0),
+        _prometheus_trigger("queue", prometheus_url, waiting_query(namespace, deployment), a.target_queue_depth, 0),
     ]
     if m.tier == "economy":
-        # The economy tier scales on the primary's backlog too, so it can wake from zero before
-        # the gateway sends it overflow.
+        # The economy tier scales on the primary's overflow too, so it can wake from zero: the
+        # served model's backlog in every tier, and the requests the primary's bounded queue
+        # turns away with 503 (`vllm:admission_rejections`, vllm 0.33 v1/metrics/loggers.py),
+        # one replica per the request rate it can absorb.
         triggers.append(
             _prometheus_trigger(
                 "overflow", prometheus_url, served_waiting_query(namespace, m.served_name),
                 a.target_queue_depth, a.target_queue_depth,
+            )
+        )
+        triggers.append(
+            _prometheus_trigger(
+                "rejected", prometheus_url, served_rejections_query(namespace, m.served_name),
+                overflow_rate_per_replica(m), 0,
             )
         )
     return {
@@ -77,19 +111,24 @@ def scaled_object_spec(
     }
 
 
+def _external(metric: str, job: str, average: int) -> dict[str, Any]:
+    return {
+        "type": "External",
+        "external": {
+            "metric": {"name": metric, "selector": {"matchLabels": {"job": job}}},
+            "target": {"type": "AverageValue", "averageValue": str(average)},
+        },
+    }
+
+
 def hpa_spec(m: ModelConfig, placement: Placement, deployment: str) -> dict[str, Any]:
     return {
         "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": deployment},
         "minReplicas": max(placement.min_replicas, 1),
         "maxReplicas": placement.max_replicas,
         "metrics": [
-            {
-                "type": "External",
-                "external": {
-                    "metric": {"name": EXTERNAL_METRIC, "selector": {"matchLabels": {"job": deployment}}},
-                    "target": {"type": "AverageValue", "averageValue": str(m.autoscaling.target_queue_depth)},
-                },
-            }
+            _external(EXTERNAL_LOAD_METRIC, deployment, replica_capacity(m)),
+            _external(EXTERNAL_METRIC, deployment, m.autoscaling.target_queue_depth),
         ],
         "behavior": _behavior(m),
     }

@@ -3,6 +3,7 @@ where it is placed."""
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Literal, Optional
 
 from pydantic import Field, StringConstraints, field_validator, model_validator
@@ -13,9 +14,18 @@ from components.config_types import SPOT_NOTICE_MARGIN_S, Base, Name, Port, imag
 Quantization = Literal["fp8", "awq", "awq_marlin", "gptq", "gptq_marlin", "compressed-tensors"]
 """`--quantization` values in the pinned vLLM's `QuantizationMethods` (vllm 0.32.0 and 0.33.0,
 vllm/model_executor/layers/quantization/__init__.py; vendored in tests/data/vllm/). `bitsandbytes`
-is no longer one: vLLM 0.32 rejects it with "Unknown quantization method"."""
+is no longer one: vLLM 0.32 rejects it with "Unknown quantization method". None of them is in
+0.33's `DEPRECATED_QUANTIZATION_METHODS` (`fbgemm_fp8`, `fp_quant`), which vLLM refuses without
+`--allow-deprecated-quantization`. A pre-quantized checkpoint names its own method in
+`config.json`'s `quantization_config.quant_method` (`compressed-tensors` for llm-compressor FP8
+checkpoints); vLLM 0.33 raises "does not match" when `--quantization` names another one
+(vllm/config/model.py, `_verify_quantization`)."""
 KvCacheDtype = Literal["auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2"]
 """`--kv-cache-dtype` choices that exist in the pinned vLLM (and every release since 0.11)."""
+
+DEFAULT_MAX_NUM_SEQS = 256
+"""vLLM 0.33's `--max-num-seqs` default for the OpenAI server on GPUs under 70 GiB
+(vllm/engine/arg_utils.py, `get_batch_defaults`)."""
 
 VLLM_IMAGE = "vllm/vllm-openai:v0.33.0"
 """The pinned vLLM OpenAI server image (newest release whose exact tag could be verified)."""
@@ -29,6 +39,12 @@ BYTES_PER_PARAM: dict[Optional[str], float] = {
     "gptq": 0.5,
     "gptq_marlin": 0.5,
 }
+"""Bytes per parameter in GPU memory once loaded."""
+
+CHECKPOINT_BYTES_PER_PARAM: dict[Optional[str], float] = {**BYTES_PER_PARAM, "fp8": 2.0}
+"""Bytes per parameter on disk: what a cold start downloads and reads. `fp8` on an unquantized
+checkpoint is vLLM's online quantization: it loads the BF16 weights (2 bytes/param) and
+quantizes them on the GPU; a pre-quantized FP8 checkpoint is `compressed-tensors` (1 byte)."""
 
 
 class VllmEngine(Base):
@@ -44,8 +60,14 @@ class VllmEngine(Base):
     """`--enable-chunked-prefill` / `--no-enable-chunked-prefill`."""
     max_num_batched_tokens: Optional[int] = Field(None, ge=256)
     """`--max-num-batched-tokens`; vLLM's default when unset."""
-    max_num_seqs: Optional[int] = Field(None, ge=1, le=4096)
-    """`--max-num-seqs`; vLLM's default when unset."""
+    max_num_seqs: int = Field(DEFAULT_MAX_NUM_SEQS, ge=1, le=4096)
+    """`--max-num-seqs`: requests one replica runs at once; always emitted, because the
+    autoscaler's per-replica capacity and the queue cap derive from it (vLLM's own default
+    depends on the GPU: 256 below 70 GiB, 1024 on H100/H200)."""
+    max_queued_requests: int = Field(0, ge=0, le=65_536)
+    """Requests a replica holds waiting beyond `max_num_seqs`; more get HTTP 503 at once so a
+    gateway overflows them (`--max-num-queued-reqs` = max_num_seqs + this). 0: no waiting queue.
+    On spot pools the drain budget must cover the queue's wait (see `drain.max_request_s`)."""
     quantization: Optional[Quantization] = None
     """`--quantization`; `fp8` needs FP8 tensor cores (Ada/Hopper). Unset: bf16 weights."""
     kv_cache_dtype: KvCacheDtype = "auto"
@@ -72,6 +94,12 @@ class VllmEngine(Base):
     def gpus_per_replica(self) -> int:
         return self.tensor_parallel_size * self.pipeline_parallel_size
 
+    @property
+    def max_num_queued_reqs(self) -> int:
+        """vLLM's admission cap: it counts waiting + running requests (vllm 0.33
+        vllm/config/scheduler.py `max_num_queued_reqs`; over it, `QueueOverflowError` -> 503)."""
+        return self.max_num_seqs + self.max_queued_requests
+
 
 class ModelResources(Base):
     cpu: int = Field(ge=1, le=256)
@@ -93,6 +121,9 @@ class ModelCache(Base):
     """StorageClass of the claim; the cluster default when unset."""
     prewarm: bool = True
     """Warm the page cache with the weights (fadvise WILLNEED) in an initContainer."""
+    read_mib_s: Optional[int] = Field(None, ge=10, le=100_000)
+    """Sustained read/write MiB/s of the cache volume, for the startup budget. Default: the GPU
+    pool's (the cluster derives it from its disk settings); set it for a `pvc` cache."""
 
 
 class Drain(Base):
@@ -116,8 +147,11 @@ class Autoscaling(Base):
     """Scale between the placement's min/max replicas; off: min_replicas fixed."""
     mode: Literal["keda", "hpa"] = "keda"
     """`keda` (ScaledObject, Prometheus trigger) or `hpa` (autoscaling/v2 External metric)."""
+    target_utilization: float = Field(0.8, gt=0, le=1)
+    """Target share of a replica's `max_num_seqs` slots in use: the main trigger scales on
+    `running + waiting` against `ceil(max_num_seqs x this)` per replica."""
     target_queue_depth: int = Field(5, ge=1)
-    """Target `vllm:num_requests_waiting` per replica."""
+    """Target `vllm:num_requests_waiting` per replica (the second trigger, for bursts)."""
     polling_interval_s: int = Field(15, ge=5)
     """KEDA polling interval."""
     cooldown_s: int = Field(300, ge=30)
@@ -150,6 +184,10 @@ class ModelConfig(Base):
     """The `model` clients send. Default: `model`."""
     params_billion: float = Field(gt=0, le=2000)
     """Parameter count in billions; sizes the weight-memory check."""
+    checkpoint_gib: Optional[float] = Field(None, gt=0, le=10_000)
+    """Size of the checkpoint's weight files on disk, GiB (the startup budget reads it). Default:
+    params_billion x the checkpoint's bytes per parameter (2 for `fp8`: online quantization loads
+    the BF16 checkpoint)."""
     gated: bool = False
     """A gated repo: needs the secret config key `hf_token`."""
     tier: Literal["primary", "economy"] = "primary"
@@ -178,6 +216,13 @@ class ModelConfig(Base):
     @property
     def weights_gib(self) -> float:
         return self.params_billion * 1e9 * BYTES_PER_PARAM[self.engine.quantization] / 2**30
+
+    @property
+    def checkpoint_bytes(self) -> int:
+        """Bytes of weight files a cold start downloads, writes to the cache and reads back."""
+        if self.checkpoint_gib is not None:
+            return int(self.checkpoint_gib * 2**30)
+        return int(self.params_billion * 1e9 * CHECKPOINT_BYTES_PER_PARAM[self.engine.quantization])
 
     @property
     def shm_size_gib(self) -> int:
@@ -248,6 +293,19 @@ class ModelConfig(Base):
                         f"entry wakes on the primary's backlog)"
                     )
         return self
+
+
+def worst_drain_s(m: ModelConfig) -> int:
+    """The longest a drain can need: the last queued request waits ceil(queued / slots) rounds
+    of `max_request_s` for a slot, then streams for `max_request_s` itself."""
+    e = m.engine
+    rounds = math.ceil(e.max_queued_requests / e.max_num_seqs)
+    return (1 + rounds) * m.drain.max_request_s
+
+
+def replica_capacity(m: ModelConfig) -> int:
+    """Requests in flight (running + waiting) one replica is scaled to carry."""
+    return max(1, math.floor(m.engine.max_num_seqs * m.autoscaling.target_utilization))
 
 
 def spot_drain_budget_s(m: ModelConfig, spot_notice_s: int) -> int:

@@ -28,7 +28,10 @@ def _panel(pid: int, title: str, targets: list[tuple[str, str]], unit: str, x: i
         "gridPos": {"h": 8, "w": 12, "x": x, "y": y},
         "fieldConfig": {"defaults": {"unit": unit}, "overrides": []},
         "targets": [
-            {"refId": chr(ord("A") + i), "expr": expr, "legendFormat": legend, "datasource": DATASOURCE}
+            {"refId": chr(ord("A") + i), "expr": expr, "legendFormat": legend, "datasource": DATASOURCE,
+             # Grafana's Prometheus query format "heatmap" turns cumulative `le` buckets into
+             # per-bucket counts; "time_series" would stack the cumulative counts.
+             **({"format": "heatmap"} if kind == "heatmap" else {})}
             for i, (expr, legend) in enumerate(targets)
         ],
     }

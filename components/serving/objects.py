@@ -1,5 +1,6 @@
-"""Pure deciders for a model's objects beside its pods: the Services (per tier and shared per served
-model), the ServiceMonitor, the PodDisruptionBudget and the model-cache claim."""
+"""Pure deciders for a model's objects beside its pods: the Services (per tier, shared per served
+model, and the drain-metrics one), the ServiceMonitor, the drain sidecar's RBAC, the
+PodDisruptionBudget and the model-cache claim."""
 
 from __future__ import annotations
 
@@ -20,11 +21,41 @@ from components.serving.pod_spec import (
 )
 
 
+JOB_LABEL = "gpuinfra.io/job"
+"""On the tier and drain Services: the ServiceMonitor's `jobLabel`, so both scrape as job=<model>."""
+
+
 def service_ports(m: ModelConfig) -> list[dict[str, Any]]:
-    return [
-        {"name": HTTP_PORT_NAME, "port": m.engine.port, "targetPort": HTTP_PORT_NAME, "protocol": "TCP"},
-        {"name": DRAIN_PORT_NAME, "port": drain_port(m), "targetPort": DRAIN_PORT_NAME, "protocol": "TCP"},
-    ]
+    return [{"name": HTTP_PORT_NAME, "port": m.engine.port, "targetPort": HTTP_PORT_NAME, "protocol": "TCP"}]
+
+
+def drain_service_name(name: str) -> str:
+    return f"{name}-drain"
+
+
+def drain_service_spec(m: ModelConfig) -> dict[str, Any]:
+    """The drain sidecar's metrics, reachable while the pod terminates: the Endpoints controller
+    drops a terminating pod unless the Service publishes not-ready addresses
+    (kubernetes pkg/controller/endpoint/endpoints_controller.go: `ShouldPodBeInEndpoints(pod,
+    service.Spec.PublishNotReadyAddresses)`), and a drain only ever happens while terminating."""
+    return {
+        "type": "ClusterIP",
+        "clusterIP": "None",
+        "publishNotReadyAddresses": True,
+        "selector": selector_labels(m),
+        "ports": [{"name": DRAIN_PORT_NAME, "port": drain_port(m), "targetPort": DRAIN_PORT_NAME, "protocol": "TCP"}],
+    }
+
+
+def drain_rbac_rules() -> dict[str, list[dict[str, Any]]]:
+    """Read-only API access for the drain sidecar's reason lookup (runtime/disruption.py), by scope:
+    its own namespace's pods, nodes, and the `default` namespace's events (where Karpenter's
+    `SpotInterrupted` event about a Node lands)."""
+    return {
+        "namespace": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}],
+        "cluster": [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]}],
+        "default": [{"apiGroups": [""], "resources": ["events"], "verbs": ["list"]}],
+    }
 
 
 def tier_service_spec(m: ModelConfig) -> dict[str, Any]:
@@ -58,13 +89,22 @@ def owns_shared_service(m: ModelConfig) -> bool:
     return m.tier == "primary"
 
 
+DRAIN_SCRAPE_INTERVAL = "5s"
+"""A spot drain on GKE's default notice lasts ~15 s: a 5 s scrape sees it at least twice."""
+
+
 def service_monitor_spec(m: ModelConfig) -> dict[str, Any]:
-    """Scrape vLLM and the drain sidecar on the tier Service (not the shared one: no double count)."""
+    """Scrape vLLM on the tier Service (not the shared one: no double count) and the drain sidecar
+    on the drain Service; `jobLabel` names both jobs after the model entry."""
     return {
-        "selector": {"matchLabels": {**selector_labels(m), ROLE_LABEL: "tier"}},
+        "jobLabel": JOB_LABEL,
+        "selector": {
+            "matchLabels": selector_labels(m),
+            "matchExpressions": [{"key": ROLE_LABEL, "operator": "In", "values": ["tier", "drain"]}],
+        },
         "endpoints": [
             {"port": HTTP_PORT_NAME, "path": "/metrics", "interval": "15s", "scrapeTimeout": "10s"},
-            {"port": DRAIN_PORT_NAME, "path": "/metrics", "interval": "15s", "scrapeTimeout": "5s"},
+            {"port": DRAIN_PORT_NAME, "path": "/metrics", "interval": DRAIN_SCRAPE_INTERVAL, "scrapeTimeout": "4s"},
         ],
     }
 

@@ -19,7 +19,7 @@ from components.serving.config import ModelConfig, Placement, spot_drain_budget_
 from components.serving.vllm_args import VLLM_COMMAND, vllm_args
 
 RUNTIME_DIR = Path(__file__).resolve().parent / "runtime"
-RUNTIME_FILES = ("drain.py", "prewarm.py")
+RUNTIME_FILES = ("drain.py", "deadline_http.py", "disruption.py", "prewarm.py")
 
 PYTHON_IMAGE = "python:3.11.17-slim-bookworm"
 """Stock image the drain sidecar and the pre-warm initContainer run in (stdlib only)."""
@@ -28,15 +28,25 @@ GPU_RESOURCE = "nvidia.com/gpu"
 HF_TOKEN_KEY = "HF_TOKEN"
 MODELS_MOUNT = "/models"
 HF_HOME = f"{MODELS_MOUNT}/hf"
+VLLM_CACHE_ROOT = f"{MODELS_MOUNT}/vllm"
+"""vLLM's cache root (torch.compile artifacts under `torch_compile_cache/`, vllm/envs.py and
+vllm/compilation/backends.py in 0.33): on the model cache, so a restart on the node skips the
+compile."""
 RUNTIME_MOUNT = "/opt/gpuinfra"
 DRAIN_MOUNT = "/run/gpuinfra"
 DRAIN_FLAG = f"{DRAIN_MOUNT}/draining"
 DRAIN_PORT_NAME = "drain"
 HTTP_PORT_NAME = "http"
+READINESS_TIMEOUT_S = 10
+READINESS_FAILURES = 3
 SIDECAR_CPU = "100m"
 SIDECAR_MEMORY = "64Mi"
-METADATA_PROVIDERS = {"aws": "aws", "gcp": "gcp", "existing": "aws,gcp"}
-"""Which metadata services the sidecar polls, by cluster kind (existing: both; a miss is harmless)."""
+SA_MOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
+TOKEN_EXPIRY_S = 3600
+IDLE_SAMPLES = 3
+"""Consecutive `running + waiting == 0` scrapes before the drain trusts that vLLM is empty."""
+CLASSIFY_WINDOW_S = 30
+"""How long after a drain starts the sidecar keeps re-reading the API for its reason."""
 
 TIER_LABEL = "gpuinfra.io/tier"
 MODEL_LABEL = "gpuinfra.io/model"
@@ -93,9 +103,25 @@ def drain_port(m: ModelConfig) -> int:
 # --------------------------------------------------------------------------------------------
 
 
-def startup_budget_s(m: ModelConfig) -> int:
-    """How long the startup probe lets a replica download/load weights and compile graphs."""
-    return int(min(max(600, 300 + 15 * m.weights_gib), 3600))
+ENGINE_INIT_S = 300
+"""Engine start without the weights: CUDA/NCCL init, profiling, torch.compile on a cold
+`VLLM_CACHE_ROOT` and CUDA graph capture."""
+STARTUP_MARGIN = 1.25
+MIN_STARTUP_S = 600
+
+
+def cache_read_mib_s(m: ModelConfig, pool: GpuPoolInfo) -> int:
+    """The cache volume's throughput: the model's override, else the pool's disk figure."""
+    return m.cache.read_mib_s or pool.cache_read_mib_s
+
+
+def startup_budget_s(m: ModelConfig, pool: GpuPoolInfo) -> int:
+    """How long the startup probe lets a replica start on a cold node: the checkpoint's bytes are
+    written to the cache volume while downloading and read back while loading (2 x bytes at the
+    volume's throughput), plus engine init, with a 25 % margin."""
+    mib = m.checkpoint_bytes / 2**20
+    io_s = 2 * mib / cache_read_mib_s(m, pool)
+    return max(MIN_STARTUP_S, math.ceil(STARTUP_MARGIN * (ENGINE_INIT_S + io_s)))
 
 
 @dataclass(frozen=True)
@@ -104,13 +130,13 @@ class ProbeTiming:
     failure_threshold: int
 
 
-def startup_probe_timing(m: ModelConfig) -> ProbeTiming:
+def startup_probe_timing(m: ModelConfig, pool: GpuPoolInfo) -> ProbeTiming:
     period = 10
-    return ProbeTiming(period, math.ceil(startup_budget_s(m) / period))
+    return ProbeTiming(period, math.ceil(startup_budget_s(m, pool) / period))
 
 
 spot_drain_budget = spot_drain_budget_s
-"""Seconds the sidecar may drain after a spot notice: the rule the config validator checks."""
+"""Seconds a spot drain may take: the rule the config validator checks."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -174,6 +200,11 @@ def volumes(m: ModelConfig, name: str, pool_host_path: Optional[str] = None) -> 
         cache,
         {"name": "runtime", "configMap": {"name": runtime_configmap_name(name), "defaultMode": 0o555}},
         {"name": "drain", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
+        # The API token, only in the drain sidecar (the pod does not automount one).
+        {"name": "drain-api", "projected": {"sources": [
+            {"serviceAccountToken": {"path": "token", "expirationSeconds": TOKEN_EXPIRY_S}},
+            {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+        ]}},
     ]
 
 
@@ -184,7 +215,12 @@ def _drain_env(m: ModelConfig) -> list[dict[str, Any]]:
         {"name": "SETTLE_S", "value": str(m.drain.readiness_settle_s)},
         {"name": "POLL_INTERVAL_S", "value": "1"},
         {"name": "HTTP_TIMEOUT_S", "value": "2"},
+        {"name": "IDLE_SAMPLES", "value": str(IDLE_SAMPLES)},
     ]
+
+
+def _field(name: str, path: str) -> dict[str, Any]:
+    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
 
 
 def _restricted(run_as_root: bool = False) -> dict[str, Any]:
@@ -198,12 +234,13 @@ def _restricted(run_as_root: bool = False) -> dict[str, Any]:
     return sc
 
 
-def vllm_container(m: ModelConfig, hf_secret: Optional[str]) -> dict[str, Any]:
+def vllm_container(m: ModelConfig, pool: GpuPoolInfo, hf_secret: Optional[str]) -> dict[str, Any]:
     e = m.engine
     gpus = str(e.gpus_per_replica)
     res = {"cpu": str(m.resources.cpu), "memory": f"{m.resources.memory_gib}Gi", GPU_RESOURCE: gpus}
     env: list[dict[str, Any]] = [
         {"name": "HF_HOME", "value": HF_HOME},
+        {"name": "VLLM_CACHE_ROOT", "value": VLLM_CACHE_ROOT},
         {"name": "VLLM_NO_USAGE_STATS", "value": "1"},
     ]
     if hf_secret is not None:
@@ -211,7 +248,7 @@ def vllm_container(m: ModelConfig, hf_secret: Optional[str]) -> dict[str, Any]:
             {"name": HF_TOKEN_KEY, "valueFrom": {"secretKeyRef": {"name": hf_secret, "key": HF_TOKEN_KEY}}}
         )
     env += _drain_env(m) + [{"name": "PRESTOP_TIMEOUT_S", "value": str(m.prestop_timeout_s)}]
-    st = startup_probe_timing(m)
+    st = startup_probe_timing(m, pool)
     return {
         "name": "vllm",
         "image": e.image,
@@ -233,15 +270,18 @@ def vllm_container(m: ModelConfig, hf_secret: Optional[str]) -> dict[str, Any]:
             "timeoutSeconds": 5,
             "failureThreshold": st.failure_threshold,
         },
+        # A saturated server can answer /health late: a 10 s timeout and 3 misses before the pod
+        # leaves the endpoints (the drain sidecar's /ready is what takes it out on purpose).
         "readinessProbe": {
             "httpGet": {"path": "/health", "port": HTTP_PORT_NAME},
             "periodSeconds": 5,
-            "timeoutSeconds": 3,
+            "timeoutSeconds": READINESS_TIMEOUT_S,
             "successThreshold": 1,
-            "failureThreshold": 2,
+            "failureThreshold": READINESS_FAILURES,
         },
-        # TCP, not /health: /health answers 503 while vLLM drains on SIGTERM, and a liveness kill
-        # mid-drain would cut the streams the drain exists to keep.
+        # TCP, not /health: after SIGTERM vLLM keeps answering /health 200 while it finishes
+        # in-flight requests, but /health runs on the busy API server loop and can miss a deadline;
+        # a liveness kill mid-drain would cut the streams the drain exists to keep.
         "livenessProbe": {
             "tcpSocket": {"port": HTTP_PORT_NAME},
             "periodSeconds": 15,
@@ -254,10 +294,11 @@ def vllm_container(m: ModelConfig, hf_secret: Optional[str]) -> dict[str, Any]:
     }
 
 
-def drain_sidecar(m: ModelConfig, pool: GpuPoolInfo, cloud: str, spot_notice_s: int) -> dict[str, Any]:
-    """A native sidecar (restartable initContainer): it outlives the vLLM container on shutdown."""
+def drain_sidecar(m: ModelConfig) -> dict[str, Any]:
+    """A native sidecar (restartable initContainer): it outlives the vLLM container on shutdown.
+    It is the readiness gate the preStop flips, exports the drain metrics, and reads from the API
+    why the pod drains (its own pod, its node, the node's spot events: `drain_rbac_rules`)."""
     port = drain_port(m)
-    providers = METADATA_PROVIDERS.get(cloud, "aws,gcp") if pool.capacity == "spot" and spot_notice_s > 0 else ""
     res = {"cpu": SIDECAR_CPU, "memory": SIDECAR_MEMORY}
     return {
         "name": "spot-drain",
@@ -269,14 +310,17 @@ def drain_sidecar(m: ModelConfig, pool: GpuPoolInfo, cloud: str, spot_notice_s: 
         "env": _drain_env(m)
         + [
             {"name": "READY_PORT", "value": str(port)},
-            {"name": "SPOT_PROVIDERS", "value": providers},
-            {"name": "DRAIN_BUDGET_S", "value": str(spot_drain_budget(m, spot_notice_s))},
+            _field("POD_NAME", "metadata.name"),
+            _field("POD_NAMESPACE", "metadata.namespace"),
+            _field("NODE_NAME", "spec.nodeName"),
+            {"name": "CLASSIFY_WINDOW_S", "value": str(CLASSIFY_WINDOW_S)},
             {"name": "PYTHONDONTWRITEBYTECODE", "value": "1"},
         ],
         "resources": {"requests": dict(res), "limits": dict(res)},
         "volumeMounts": [
             {"name": "runtime", "mountPath": RUNTIME_MOUNT, "readOnly": True},
             {"name": "drain", "mountPath": DRAIN_MOUNT},
+            {"name": "drain-api", "mountPath": SA_MOUNT, "readOnly": True},
         ],
         # The readiness gate the drain flips: the pod leaves the endpoints within ~1 s.
         "readinessProbe": {
@@ -322,11 +366,12 @@ def prewarm_container(m: ModelConfig) -> dict[str, Any]:
 def pod_spec(
     m: ModelConfig, name: str, pool: GpuPoolInfo, cloud: str, spot_notice_s: int, hf_secret: Optional[str]
 ) -> dict[str, Any]:
-    init = [drain_sidecar(m, pool, cloud, spot_notice_s)]
+    init = [drain_sidecar(m)]
     if m.cache.prewarm:
         init.append(prewarm_container(m))
     return {
         "terminationGracePeriodSeconds": m.termination_grace_period_s,
+        "serviceAccountName": drain_service_account_name(name),
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
         "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
@@ -334,7 +379,7 @@ def pod_spec(
         "tolerations": [dict(t) for t in pool.tolerations],
         "topologySpreadConstraints": topology_spread(m),
         "initContainers": init,
-        "containers": [vllm_container(m, hf_secret)],
+        "containers": [vllm_container(m, pool, hf_secret)],
         "volumes": volumes(m, name, pool.cache_host_path),
     }
 
@@ -364,7 +409,7 @@ def deployment_spec(
         "selector": {"matchLabels": selector_labels(m)},
         "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
         "revisionHistoryLimit": 5,
-        "progressDeadlineSeconds": startup_budget_s(m) + 600,
+        "progressDeadlineSeconds": startup_budget_s(m, pool) + 600,
         "template": {
             "metadata": {
                 "labels": object_labels(m, labels),
@@ -385,6 +430,10 @@ def deployment_spec(
 
 def pvc_name(name: str) -> str:
     return f"{name}-model-cache"
+
+
+def drain_service_account_name(name: str) -> str:
+    return f"{name}-drain"
 
 
 def runtime_configmap_name(name: str) -> str:

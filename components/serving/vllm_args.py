@@ -34,6 +34,7 @@ FLAGS: dict[str, bool] = {
     "--no-enable-chunked-prefill": False,
     "--max-num-batched-tokens": True,
     "--max-num-seqs": True,
+    "--max-num-queued-reqs": True,
     "--quantization": True,
     "--kv-cache-dtype": True,
     "--block-size": True,
@@ -65,8 +66,7 @@ def vllm_args(m: ModelConfig, download_dir: str | None = None) -> list[str]:
     ]
     if e.max_num_batched_tokens is not None:
         args += ["--max-num-batched-tokens", str(e.max_num_batched_tokens)]
-    if e.max_num_seqs is not None:
-        args += ["--max-num-seqs", str(e.max_num_seqs)]
+    args += ["--max-num-seqs", str(e.max_num_seqs), "--max-num-queued-reqs", str(e.max_num_queued_reqs)]
     if e.quantization is not None:
         args += ["--quantization", e.quantization]
     args += ["--kv-cache-dtype", e.kv_cache_dtype]

@@ -23,6 +23,10 @@ from components.serving.dashboard import DASHBOARD_LABEL, dashboard_json
 from components.options import inherited_depends_on
 from components.serving.autoscale import KEDA_API, hpa_spec, scaled_object_spec
 from components.serving.objects import (
+    JOB_LABEL,
+    drain_rbac_rules,
+    drain_service_name,
+    drain_service_spec,
     owns_shared_service,
     pdb_spec,
     pvc_spec,
@@ -35,6 +39,7 @@ from components.serving.objects import (
 from components.serving.pod_spec import (
     HF_TOKEN_KEY,
     OVERFLOW_ANNOTATION,
+    drain_service_account_name,
     ROLE_LABEL,
     deployment_spec,
     object_labels,
@@ -105,9 +110,35 @@ class VllmServing(pulumi.ComponentResource):
         if m.cache.kind == "pvc":
             k8s.core.v1.PersistentVolumeClaim(f"{name}-model-cache", metadata=meta(pvc_name(app)), spec=pvc_spec(m), opts=child)
 
+        # The drain sidecar's identity: read-only, its own pod, nodes, and default's events.
+        sa = drain_service_account_name(app)
+        k8s.core.v1.ServiceAccount(f"{name}-drain-sa", metadata=meta(sa), automount_service_account_token=False, opts=child)
+        subject = [k8s.rbac.v1.SubjectArgs(kind="ServiceAccount", name=sa, namespace=ns)]
+        rules = drain_rbac_rules()
+        k8s.rbac.v1.Role(f"{name}-drain-role", metadata=meta(sa), rules=rules["namespace"], opts=child)
+        k8s.rbac.v1.RoleBinding(
+            f"{name}-drain-rolebinding", metadata=meta(sa), subjects=subject,
+            role_ref=k8s.rbac.v1.RoleRefArgs(api_group="rbac.authorization.k8s.io", kind="Role", name=sa), opts=child,
+        )
+        cluster_role = ns.apply(lambda n: f"gpuinfra-{n}-{sa}")
+        cluster_meta = k8s.meta.v1.ObjectMetaArgs(name=cluster_role, labels=labels)
+        k8s.rbac.v1.ClusterRole(f"{name}-drain-clusterrole", metadata=cluster_meta, rules=rules["cluster"], opts=child)
+        k8s.rbac.v1.ClusterRoleBinding(
+            f"{name}-drain-clusterrolebinding", metadata=cluster_meta, subjects=subject,
+            role_ref=k8s.rbac.v1.RoleRefArgs(api_group="rbac.authorization.k8s.io", kind="ClusterRole", name=cluster_role),
+            opts=child,
+        )
+        events_meta = k8s.meta.v1.ObjectMetaArgs(name=cluster_role, namespace="default", labels=labels)
+        k8s.rbac.v1.Role(f"{name}-drain-events-role", metadata=events_meta, rules=rules["default"], opts=child)
+        k8s.rbac.v1.RoleBinding(
+            f"{name}-drain-events-rolebinding", metadata=events_meta, subjects=subject,
+            role_ref=k8s.rbac.v1.RoleRefArgs(api_group="rbac.authorization.k8s.io", kind="Role", name=cluster_role),
+            opts=child,
+        )
+
         deployment = k8s.apps.v1.Deployment(
             f"{name}-deployment",
-            metadata=meta(app, annotations={"pulumi.com/timeoutSeconds": str(startup_budget_s(m) + 600)}),
+            metadata=meta(app, annotations={"pulumi.com/timeoutSeconds": str(startup_budget_s(m, args.pool) + 600)}),
             spec=deployment_spec(
                 m, app, args.placement, args.pool, args.cloud, args.spot_notice_s, hf_secret, args.labels, runtime
             ),
@@ -116,8 +147,14 @@ class VllmServing(pulumi.ComponentResource):
 
         k8s.core.v1.Service(
             f"{name}-service",
-            metadata=meta(app, {ROLE_LABEL: "tier"}, tier_service_annotations(m)),
+            metadata=meta(app, {ROLE_LABEL: "tier", JOB_LABEL: app}, tier_service_annotations(m)),
             spec=tier_service_spec(m),
+            opts=child,
+        )
+        k8s.core.v1.Service(
+            f"{name}-drain-service",
+            metadata=meta(drain_service_name(app), {ROLE_LABEL: "drain", JOB_LABEL: app}),
+            spec=drain_service_spec(m),
             opts=child,
         )
         self.shared_service_name = None

@@ -1,18 +1,20 @@
-#!/usr/bin/env python3
-"""Zero-drop drain for a vLLM pod: the spot-interruption sidecar and the preStop hook.
+"""Zero-drop drain for a vLLM pod: the preStop hook and the drain sidecar.
 
-Standard library only: it ships to the pod in a ConfigMap and runs in a stock Python image (the
-sidecar) and in the vLLM image's own python3 (the preStop hook).
+Standard library only: it ships to the pod in a ConfigMap (with deadline_http.py and
+disruption.py beside it) and runs in a stock Python image (the sidecar) and in the vLLM image's
+own python3 (the preStop hook).
 
-The drain sequence, the same for a rollout and for a spot notice:
+Every drain is started by Kubernetes running the vLLM container's preStop: a rollout or scale-down
+deletes the pod; on a spot notice Karpenter's interruption queue drains the node (AWS) or the
+kubelet's graceful node shutdown kills the pods (GKE). The sequence is the same:
   1. write the drain flag: the sidecar's `/ready` turns 503 at once, the pod leaves the Service
      endpoints and gets no new requests;
   2. wait `settle` seconds for that to reach every proxy, then until vLLM reports
-     `vllm:num_requests_running + vllm:num_requests_waiting == 0`, bounded by the budget;
-  3. return: on a rollout the kubelet then sends SIGTERM and vLLM's `--shutdown-timeout` finishes
-     anything left; on a spot notice the sidecar exits and the node goes away empty.
-
-A metadata server that is down, slow or answers garbage is never taken as a notice.
+     `vllm:num_requests_running + vllm:num_requests_waiting == 0` in `IDLE_SAMPLES` consecutive
+     scrapes, bounded by the budget;
+  3. return: the kubelet sends SIGTERM and vLLM's `--shutdown-timeout` finishes anything left.
+The sidecar reads why (rollout, node drain, spot) from the API (disruption.py) and exports it as
+`gpuinfra_drain_in_progress{reason}`.
 
 Usage:  drain.py watch     (the sidecar)
         drain.py prestop   (the vLLM container's preStop hook)
@@ -21,8 +23,6 @@ Settings come from the environment (see `Settings`).
 
 from __future__ import annotations
 
-import http.client
-import json
 import logging
 import math
 import os
@@ -30,17 +30,19 @@ import signal
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable, Optional
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import deadline_http  # noqa: E402 - shipped beside this file
+import disruption  # noqa: E402
+
 log = logging.getLogger("gpuinfra.drain")
 
-AWS_ACTIONS = {"terminate", "stop", "hibernate"}
-TOKEN_TTL_S = 21600
 QUEUE_METRICS = ("vllm:num_requests_running", "vllm:num_requests_waiting")
+REASONS = ("spot", "node", "rollout")
+SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 
 
 @dataclass(frozen=True)
@@ -49,31 +51,42 @@ class Settings:
     metrics_url: str
     ready_addr: str
     ready_port: int
-    providers: tuple[str, ...]
-    aws_endpoint: str
-    gce_endpoint: str
     poll_interval_s: float
-    drain_budget_s: float
     prestop_timeout_s: float
     settle_s: float
     http_timeout_s: float
+    idle_samples: int
+    classify_window_s: float
+    api: Optional[disruption.Api]
 
     @staticmethod
     def from_env(env: Optional[dict[str, str]] = None) -> "Settings":
         e = os.environ if env is None else env
+        timeout = float(e.get("HTTP_TIMEOUT_S", "2"))
+        api = None
+        if e.get("POD_NAME") and e.get("NODE_NAME"):
+            ca = e.get("KUBE_CA_PATH", f"{SA_DIR}/ca.crt")
+            api = disruption.Api(
+                server=e.get("KUBE_API", "https://kubernetes.default.svc").rstrip("/"),
+                token_path=e.get("KUBE_TOKEN_PATH", f"{SA_DIR}/token"),
+                ca_path=ca or None,
+                namespace=e.get("POD_NAMESPACE", "default"),
+                pod=e["POD_NAME"],
+                node=e["NODE_NAME"],
+                deadline_s=timeout,
+            )
         return Settings(
             flag_path=e.get("DRAIN_FLAG", "/run/gpuinfra/draining"),
             metrics_url=e.get("VLLM_METRICS_URL", "http://127.0.0.1:8000/metrics"),
             ready_addr=e.get("READY_ADDR", "0.0.0.0"),
             ready_port=int(e.get("READY_PORT", "8090")),
-            providers=tuple(p for p in e.get("SPOT_PROVIDERS", "").split(",") if p),
-            aws_endpoint=e.get("AWS_IMDS_ENDPOINT", "http://169.254.169.254").rstrip("/"),
-            gce_endpoint=e.get("GCE_METADATA_ENDPOINT", "http://metadata.google.internal").rstrip("/"),
             poll_interval_s=float(e.get("POLL_INTERVAL_S", "1")),
-            drain_budget_s=float(e.get("DRAIN_BUDGET_S", "25")),
             prestop_timeout_s=float(e.get("PRESTOP_TIMEOUT_S", "60")),
             settle_s=float(e.get("SETTLE_S", "5")),
-            http_timeout_s=float(e.get("HTTP_TIMEOUT_S", "1")),
+            http_timeout_s=timeout,
+            idle_samples=max(1, int(e.get("IDLE_SAMPLES", "3"))),
+            classify_window_s=float(e.get("CLASSIFY_WINDOW_S", "30")),
+            api=api,
         )
 
 
@@ -92,35 +105,25 @@ def flag_reason(path: str) -> Optional[str]:
         return "unknown"  # unreadable but present: fail safe (not ready)
 
 
-def set_flag(path: str, reason: str) -> None:
-    if flag_reason(path) is not None:
-        return  # the first reason wins; a second drain just joins the first
+def _write_flag(path: str, reason: str) -> None:
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    tmp = f"{path}.{os.getpid()}.tmp"
+    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(reason)
     os.replace(tmp, path)
 
 
-# --------------------------------------------------------------------------------------------
-# HTTP helpers: short timeouts, every failure mode folded into None
-# --------------------------------------------------------------------------------------------
+def set_flag(path: str, reason: str) -> None:
+    """Start a drain; a second start only raises the reason's rank (rollout < node < spot)."""
+    current = flag_reason(path)
+    if current is not None and disruption.upgrade(current, reason) == current:
+        return
+    _write_flag(path, reason)
 
 
-def _http(url: str, timeout: float, method: str = "GET", headers: Optional[dict[str, str]] = None):
-    """(status, headers, body) or None when the server is down, slow or not HTTP."""
-    req = urllib.request.Request(url, method=method, headers=headers or {})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, dict(r.headers), r.read(1 << 20)
-    except urllib.error.HTTPError as e:
-        try:
-            body = e.read(1 << 16)
-        except Exception:  # noqa: BLE001 - a broken error body is still just an error status
-            body = b""
-        return e.code, dict(e.headers or {}), body
-    except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException):
-        return None
+# --------------------------------------------------------------------------------------------
+# vLLM's queue
+# --------------------------------------------------------------------------------------------
 
 
 class ConnectionRefused(Exception):
@@ -157,141 +160,58 @@ def parse_queue(text: str, names: tuple[str, ...] = QUEUE_METRICS) -> Optional[f
 
 
 def scrape_queue(url: str, timeout: float) -> Optional[float]:
-    """Requests vLLM still holds (running + waiting); None if unknown; raises when refused."""
-    req = urllib.request.Request(url)
+    """Requests vLLM still holds (running + waiting); None if unknown; raises when refused.
+    One deadline for the whole scrape, and never through a proxy (deadline_http)."""
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            if r.status != 200:
-                return None
-            return parse_queue(r.read(8 << 20).decode("utf-8", "replace"))
-    except urllib.error.HTTPError:
-        return None
-    except urllib.error.URLError as e:
-        if isinstance(e.reason, ConnectionRefusedError):
-            raise ConnectionRefused(str(e)) from None
-        return None
-    except ConnectionRefusedError as e:
+        status, body = deadline_http.get(url, timeout)
+    except deadline_http.Refused as e:
         raise ConnectionRefused(str(e)) from None
-    except (OSError, ValueError, http.client.HTTPException):
+    except deadline_http.Unreachable:
         return None
-
-
-# --------------------------------------------------------------------------------------------
-# Spot / preemption notices
-# --------------------------------------------------------------------------------------------
-
-
-class AwsImds:
-    """IMDSv2: PUT /latest/api/token, then GET spot/instance-action with the token."""
-
-    def __init__(self, endpoint: str, timeout: float):
-        self.endpoint, self.timeout = endpoint, timeout
-        self._token: Optional[str] = None
-        self._token_expiry = 0.0
-
-    def _get_token(self) -> Optional[str]:
-        if self._token and time.monotonic() < self._token_expiry:
-            return self._token
-        r = _http(f"{self.endpoint}/latest/api/token", self.timeout, "PUT",
-                  {"X-aws-ec2-metadata-token-ttl-seconds": str(TOKEN_TTL_S)})
-        if r is None or r[0] != 200:
-            raise MetadataError(f"token request failed: {r[0] if r else 'unreachable'}")
-        token = r[2].decode("ascii", "replace").strip()
-        if not token or len(token) > 512 or any(c.isspace() for c in token):
-            raise MetadataError("token response is not a token")
-        self._token, self._token_expiry = token, time.monotonic() + TOKEN_TTL_S - 60
-        return token
-
-    def notice(self) -> Optional[str]:
-        token = self._get_token()
-        r = _http(f"{self.endpoint}/latest/meta-data/spot/instance-action", self.timeout,
-                  headers={"X-aws-ec2-metadata-token": token})
-        if r is None:
-            raise MetadataError("instance-action unreachable")
-        status, _, body = r
-        if status == 404:
-            return None  # no interruption scheduled
-        if status == 401:
-            self._token = None
-            raise MetadataError("token rejected")
-        if status != 200:
-            raise MetadataError(f"instance-action status {status}")
-        try:
-            doc = json.loads(body)
-        except ValueError:
-            raise MetadataError("instance-action body is not JSON") from None
-        if isinstance(doc, dict) and doc.get("action") in AWS_ACTIONS:
-            return f"aws {doc['action']} at {doc.get('time', '?')}"
-        raise MetadataError("instance-action body has no known action")
-
-
-class GceMetadata:
-    """GET computeMetadata/v1/instance/preempted with Metadata-Flavor: Google -> TRUE/FALSE."""
-
-    def __init__(self, endpoint: str, timeout: float):
-        self.endpoint, self.timeout = endpoint, timeout
-
-    def notice(self) -> Optional[str]:
-        r = _http(f"{self.endpoint}/computeMetadata/v1/instance/preempted", self.timeout,
-                  headers={"Metadata-Flavor": "Google"})
-        if r is None:
-            raise MetadataError("preempted unreachable")
-        status, headers, body = r
-        if status != 200:
-            raise MetadataError(f"preempted status {status}")
-        flavor = {k.lower(): v for k, v in headers.items()}.get("metadata-flavor")
-        if flavor != "Google":
-            raise MetadataError("response is not from the GCE metadata server")
-        value = body.decode("ascii", "replace").strip()
-        if value == "TRUE":
-            return "gce preempted"
-        if value == "FALSE":
-            return None
-        raise MetadataError("preempted body is neither TRUE nor FALSE")
-
-
-class MetadataError(Exception):
-    pass
-
-
-# --------------------------------------------------------------------------------------------
-# The drain
-# --------------------------------------------------------------------------------------------
+    if status != 200:
+        return None
+    return parse_queue(body.decode("utf-8", "replace"))
 
 
 def wait_drained(s: Settings, budget_s: float, stop: Optional[threading.Event] = None,
                  clock: Callable[[], float] = time.monotonic) -> str:
-    """Wait for vLLM to hold no requests. Returns 'drained', 'gone', 'timeout' or 'stopped'."""
+    """Wait for vLLM to hold no requests in `idle_samples` consecutive scrapes (one empty sample
+    can fall between a request's admission and its scheduling). Returns 'drained', 'gone',
+    'timeout' or 'stopped'."""
     stop = stop or threading.Event()
     deadline = clock() + budget_s
     settle_until = clock() + min(s.settle_s, budget_s)
-    refused = 0
+    refused = idle = 0
     while True:
         now = clock()
         if now >= deadline:
             return "timeout"
         if now >= settle_until:
             try:
-                held = scrape_queue(s.metrics_url, s.http_timeout_s)
+                held = scrape_queue(s.metrics_url, min(s.http_timeout_s, max(deadline - now, 0.05)))
                 refused = 0
             except ConnectionRefused:
                 held, refused = None, refused + 1
                 if refused >= 3:
                     return "gone"  # vLLM is not listening: nothing can be in flight
-            if held == 0:
+            idle = idle + 1 if held == 0 else 0
+            if idle >= s.idle_samples:
                 return "drained"
         wait = min(max(s.poll_interval_s, 0.05), max(deadline - clock(), 0))
         if stop.wait(wait):
             return "stopped"
 
 
+# --------------------------------------------------------------------------------------------
+# The sidecar: readiness gate, metrics, and why the pod drains
+# --------------------------------------------------------------------------------------------
+
+
 class State:
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.notices = {"aws": 0, "gcp": 0}
-        self.errors = {"aws": 0, "gcp": 0}
-        self.drain_started: Optional[float] = None
-        self.drain_result = ""
+        self.api_errors = 0
+        self.drains = {r: 0 for r in REASONS}
 
 
 def _metrics_text(s: Settings, st: State) -> str:
@@ -300,21 +220,14 @@ def _metrics_text(s: Settings, st: State) -> str:
         "# HELP gpuinfra_drain_in_progress 1 while this pod is draining (readiness failed), by reason.",
         "# TYPE gpuinfra_drain_in_progress gauge",
     ]
-    for r in ("spot", "rollout"):
+    for r in REASONS:
         lines.append(f'gpuinfra_drain_in_progress{{reason="{r}"}} {1 if reason == r else 0}')
-    lines += [
-        "# HELP gpuinfra_spot_notices_total Spot/preemption notices seen in the metadata service.",
-        "# TYPE gpuinfra_spot_notices_total counter",
-    ]
     with st.lock:
-        for p, n in st.notices.items():
-            lines.append(f'gpuinfra_spot_notices_total{{provider="{p}"}} {n}')
         lines += [
-            "# HELP gpuinfra_metadata_errors_total Metadata polls that failed or returned garbage (never a notice).",
-            "# TYPE gpuinfra_metadata_errors_total counter",
+            "# HELP gpuinfra_drain_api_errors_total Kubernetes API reads for the drain reason that failed.",
+            "# TYPE gpuinfra_drain_api_errors_total counter",
+            f"gpuinfra_drain_api_errors_total {st.api_errors}",
         ]
-        for p, n in st.errors.items():
-            lines.append(f'gpuinfra_metadata_errors_total{{provider="{p}"}} {n}')
     return "\n".join(lines) + "\n"
 
 
@@ -344,57 +257,47 @@ def make_server(s: Settings, st: State) -> ThreadingHTTPServer:
     return server
 
 
-def pollers(s: Settings) -> dict[str, object]:
-    out: dict[str, object] = {}
-    if "aws" in s.providers:
-        out["aws"] = AwsImds(s.aws_endpoint, s.http_timeout_s)
-    if "gcp" in s.providers:
-        out["gcp"] = GceMetadata(s.gce_endpoint, s.http_timeout_s)
-    return out
-
-
-def _log_poll_error(st: "State", provider: str, what: str) -> None:
-    """Count a failed poll; log the first and then one in 60, since on a node whose metadata
-    service is unreachable from pods (EKS with IMDS hop limit 1) every poll fails."""
-    with st.lock:
-        st.errors[provider] += 1
-        n = st.errors[provider]
-    if n == 1 or n % 60 == 0:
-        log.warning("%s metadata: %s (not a notice; %d failed polls so far)", provider, what, n)
+def classify_once(s: Settings, st: State) -> Optional[str]:
+    """Read the pod, its node and the node's spot events (concurrently) and raise the flag's
+    reason if they show a node drain or a spot reclaim. None when the API could not be read."""
+    if s.api is None:
+        return None
+    pod, node, events = s.api.read_all()
+    if pod is None and node is None and events is None:
+        with st.lock:
+            st.api_errors += 1
+        return None
+    reason = disruption.classify(pod, node, events)
+    set_flag(s.flag_path, reason)
+    return reason
 
 
 def watch(s: Settings, stop: Optional[threading.Event] = None) -> int:
-    """The sidecar: serve /ready, poll for a notice, drain on one, then exit 0."""
+    """The sidecar: serve /ready and /metrics; once a drain starts, find out why (re-reading the
+    API for `classify_window_s`, since the kubelet's pod condition can land after the preStop
+    starts), until the pod goes away."""
     stop = stop or threading.Event()
     st = State()
     server = make_server(s, st)
     threading.Thread(target=server.serve_forever, name="ready", daemon=True).start()
-    log.info("sidecar up on :%d, providers=%s, budget=%ss", server.server_address[1],
-             ",".join(s.providers) or "none", s.drain_budget_s)
+    log.info("sidecar up on :%d, api=%s", server.server_address[1], "yes" if s.api else "no")
     try:
-        if flag_reason(s.flag_path) is not None:
-            # Restarted after a drain in this pod: stay not-ready until the pod goes away.
-            stop.wait()
-            return 0
-        sources = pollers(s)
+        started: Optional[float] = None
         while not stop.is_set():
-            for provider, src in sources.items():
-                try:
-                    notice = src.notice()
-                except MetadataError as e:
-                    _log_poll_error(st, provider, f"{e}")
-                    continue
-                except Exception as e:  # noqa: BLE001 - a poller bug must never kill the sidecar
-                    _log_poll_error(st, provider, f"poll raised {e!r}")
-                    continue
-                if notice:
-                    with st.lock:
-                        st.notices[provider] += 1
-                    log.warning("spot notice: %s; failing readiness and draining", notice)
-                    set_flag(s.flag_path, "spot")
-                    result = wait_drained(s, s.drain_budget_s, stop)
-                    log.warning("spot drain finished: %s", result)
-                    return 0
+            reason = flag_reason(s.flag_path)
+            if reason is not None:
+                now = time.monotonic()
+                if started is None:
+                    started = now
+                    log.warning("drain started (%s)", reason)
+                if reason != "spot" and now - started <= s.classify_window_s:
+                    try:
+                        got = classify_once(s, st)
+                    except Exception as e:  # noqa: BLE001 - a reader bug must never kill the sidecar
+                        log.warning("drain reason lookup raised %r", e)
+                        got = None
+                    if got is not None and got != reason:
+                        log.warning("drain reason: %s", flag_reason(s.flag_path))
             stop.wait(s.poll_interval_s)
         return 0
     finally:
