@@ -22,6 +22,7 @@ from components.existing.config import ExistingCluster, ExistingGpuPool
 from components.gcp.config import GcpCluster, GcpGpuPool
 from components.node_pools import effective_reserved_cpus, pool_topology_policy
 from components.platform.config import Namespaces, ObservabilityConfig
+from components.router.config import RouterConfig, router_enabled
 from components.serving.config import ModelConfig, Placement, spot_drain_budget_s
 
 Cluster = Annotated[Union[AwsCluster, GcpCluster, ExistingCluster], Field(discriminator="cloud")]
@@ -40,6 +41,8 @@ class StackConfig(Base):
     """The models to serve, each with one or more placements (cluster + GPU pool)."""
     ebpf_agent: EbpfAgentConfig = EbpfAgentConfig()
     observability: ObservabilityConfig = ObservabilityConfig()
+    router: RouterConfig = RouterConfig()
+    """The router in front of the replicas (primary -> economy overflow, same node first)."""
 
     @cached_property
     def _cluster_index(self) -> dict[str, tuple[int, Any]]:
@@ -68,6 +71,8 @@ class StackConfig(Base):
         errors += _ebpf_agent_ports(self)
         if not errors:
             errors += _placements(self)
+        if not errors:
+            errors += _router_caps(self)
         if errors:
             raise ValueError("\n".join(errors))
         return self
@@ -150,6 +155,17 @@ def _ebpf_agent_ports(s: StackConfig) -> list[str]:
         f"ebpf_agent.sockmap.ports: {len(ports)} ports to accelerate ({ports}: sockmap.ports plus every "
         f"model's engine.port); the agent holds at most {SOCKREDIR_MAX_PORTS}; allowed: at most "
         f"{SOCKREDIR_MAX_PORTS} distinct ports, or ebpf_agent.sockmap.enabled: false"
+    ]
+
+
+def _router_caps(s: StackConfig) -> list[str]:
+    """The router caps each replica at its max_num_seqs, which must therefore be set."""
+    routed = {m.name for c in s.clusters if router_enabled(s.router, [m for m, _ in s.placements_on(c.name)])
+              for m, _ in s.placements_on(c.name)}
+    return [
+        f"models[{i}].engine.max_num_seqs: unset, but the router caps each replica at its max_num_seqs "
+        f"(vLLM queues instead of answering 429); allowed: an integer 1..4096, or router.enabled: false"
+        for i, m in enumerate(s.models) if m.name in routed and m.engine.max_num_seqs is None
     ]
 
 
