@@ -6,7 +6,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STACK ?= dev
-APT_PACKAGES := $(shell grep -hv '^\s*\#' bpf/apt-packages.txt 2>/dev/null)
+APT_PACKAGES := $(shell grep -hv '^\s*\#' bpf/apt-packages.txt components/router/apt-packages.txt 2>/dev/null)
 
 .PHONY: render test deps apt-deps bench policy-check golden clean
 .DELETE_ON_ERROR:
@@ -46,6 +46,7 @@ policy-check: deps
 
 bench: deps apt-deps
 	$(PY) bench/ebpf_sockmap_bench.py
+	$(PY) bench/router_bench.py
 
 clean:
 	rm -rf out bpf/build .pytest_cache

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import signal
+import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -47,6 +48,12 @@ def main() -> None:
 
         def log_message(self, *args) -> None:
             pass
+
+        def setup(self) -> None:
+            super().setup()
+            # Like vLLM (asyncio sets TCP_NODELAY on its transports): no Nagle delay between the
+            # headers and the first token.
+            self.request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
         def _json(self, code: int, doc: dict) -> None:
             body = json.dumps(doc).encode()
