@@ -16,7 +16,6 @@ nginx (one pod, a shared process namespace, the same non-root UID).
      requests by tier, upstream statuses, retries, overflow.
 
 Usage:  watcher.py run        (the sidecar)
-        watcher.py render SLICES.json ROUTES.json NODE   (print the upstreams for recorded slices)
 Settings come from the environment (see `Settings`).
 """
 
@@ -45,7 +44,7 @@ discovery.k8s.io/v1 EndpointSlice)."""
 PLACEHOLDER_SERVER = "127.0.0.1:9 down"
 """An upstream needs at least one server; with no live endpoint nginx answers 502 itself, which
 the route's error_page hands to the next tier."""
-ZONE_SIZE = "64k"
+ZONE_SIZE = "64k"  # ~500 bytes per server; at least 8 pages (nginx mailing list, S. Kandaurov)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -138,14 +137,13 @@ class SliceState:
         self.resource_version = ""
 
     def reset(self, items: list[dict[str, Any]], resource_version: str) -> None:
-        self.slices = {i["metadata"]["name"]: i for i in items}
-        self.resource_version = resource_version
+        self.slices, self.resource_version = {i["metadata"]["name"]: i for i in items}, resource_version
 
     def apply(self, event: dict[str, Any]) -> bool:
         """Apply one watch event; False when the watch must restart from a fresh list (ERROR)."""
         kind, obj = event.get("type"), event.get("object") or {}
         rv = (obj.get("metadata") or {}).get("resourceVersion")
-        if kind == "ERROR":
+        if kind == "ERROR":  # e.g. 410 Gone: the resourceVersion is too old
             return False
         if kind in ("ADDED", "MODIFIED"):
             self.slices[obj["metadata"]["name"]] = obj
@@ -233,7 +231,7 @@ def _inc(d: dict, key: Any, by: int = 1) -> None:
     d[key] = d.get(key, 0) + by
 
 
-def _esc(v: str) -> str:
+def _esc(v: str) -> str:  # Prometheus label value escaping
     return v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
@@ -347,7 +345,7 @@ class Router:
         tmp = self.s.upstreams_path + ".tmp"
         with open(tmp, "w") as f:
             f.write(text)
-        os.replace(tmp, self.s.upstreams_path)
+        os.replace(tmp, self.s.upstreams_path)  # atomic: nginx never reads half a file
         first = self.rendered is None
         self.rendered = text
         self.ready.set()
@@ -410,16 +408,12 @@ def serve_logs(s: Settings, metrics: Metrics, stop: threading.Event) -> socket.s
 def serve_http(s: Settings, metrics: Metrics, ready: threading.Event) -> ThreadingHTTPServer:
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
-            if self.path == "/metrics":
-                self._send(200, metrics.render(), "text/plain; version=0.0.4")
-            elif self.path == "/ready":
-                self._send(200 if ready.is_set() else 503, "ok\n" if ready.is_set() else "no upstreams yet\n")
-            elif self.path == "/healthz":
-                self._send(200, "ok\n")
-            else:
-                self._send(404, "not found\n")
+            routes = {"/metrics": lambda: (200, metrics.render()), "/healthz": lambda: (200, "ok\n"),
+                      "/ready": lambda: (200, "ok\n") if ready.is_set() else (503, "no upstreams yet\n")}
+            code, body = routes.get(self.path, lambda: (404, "not found\n"))()
+            self._send(code, body, "text/plain; version=0.0.4" if self.path == "/metrics" else "text/plain")
 
-        def _send(self, code: int, body: str, ctype: str = "text/plain") -> None:
+        def _send(self, code: int, body: str, ctype: str) -> None:
             data = body.encode()
             self.send_response(code)
             self.send_header("Content-Type", ctype)
@@ -437,13 +431,6 @@ def serve_http(s: Settings, metrics: Metrics, ready: threading.Event) -> Threadi
 
 def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    if len(argv) == 5 and argv[1] == "render":
-        with open(argv[2]) as f:
-            slices = json.load(f)
-        with open(argv[3]) as f:
-            ups, keepalive = load_routes(json.load(f))
-        sys.stdout.write(render_upstreams(slices, ups, argv[4], keepalive))
-        return 0
     if len(argv) != 2 or argv[1] != "run":
         print(__doc__, file=sys.stderr)
         return 2
