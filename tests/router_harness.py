@@ -170,9 +170,9 @@ class Reply:
     error: Optional[str] = None
 
 
-def complete(base: str, model: str, rid: str, max_tokens: int = 5, timeout: float = 30) -> Reply:
+def complete(base: str, model: str, rid: str, max_tokens: int = 5, timeout: float = 30, served: str = "tiny") -> Reply:
     """POST a streaming completion through the router and read the SSE stream to its end."""
-    body = json.dumps({"model": "tiny", "prompt": "hi", "max_tokens": max_tokens, "stream": True, "user": rid}).encode()
+    body = json.dumps({"model": served, "prompt": "hi", "max_tokens": max_tokens, "stream": True, "user": rid}).encode()
     req = urllib.request.Request(f"{base}/{model}/v1/completions", data=body, method="POST",
                                  headers={"Content-Type": "application/json"})
     chunks: list[str] = []
