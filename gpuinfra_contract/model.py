@@ -18,7 +18,7 @@ from typing import Any, Literal, Mapping, Optional
 import pulumi
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 
-CONTRACT_VERSION = "1.0.0"
+CONTRACT_VERSION = "1.1.0"
 _SEMVER = re.compile(r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)(?:-[0-9A-Za-z.-]+)?(?:\+[0-9A-Za-z.-]+)?$")
 
 
@@ -59,11 +59,26 @@ class ModelEndpoint(_Model):
     service_url: str = Field(description="In-cluster URL of the model's Service, e.g. `http://<svc>.<ns>.svc.cluster.local:8000`.")
     openai_base_path: str = Field(description="Path of the OpenAI-compatible API under service_url, e.g. `/v1`.")
     metrics_url: str = Field(description="Prometheus metrics URL of the vLLM server.")
+    router_url: Optional[str] = Field(
+        None,
+        description="(1.1) The router's URL for this model on this cluster, e.g. `http://gpuinfra-router.<ns>.svc.cluster.local:8080/<model>`: same-node replicas first, economy overflow, retries before the first byte. Null where no router runs.",
+    )
+    router_local_url: Optional[str] = Field(
+        None,
+        description="(1.1) The same through the node-local router Service (`internalTrafficPolicy: Local`), for clients running on the GPU nodes. Null where no router runs.",
+    )
 
     @property
     def openai_base_url(self) -> str:
-        """What an OpenAI client takes as `base_url`."""
+        """What an OpenAI client takes as `base_url` to reach this tier's Service directly."""
         return self.service_url.rstrip("/") + "/" + self.openai_base_path.strip("/")
+
+    @property
+    def recommended_base_url(self) -> str:
+        """The router's OpenAI base URL where a router runs, else the Service's."""
+        if self.router_url:
+            return self.router_url.rstrip("/") + "/" + self.openai_base_path.strip("/")
+        return self.openai_base_url
 
 
 class ServedModel(_Model):
@@ -172,7 +187,7 @@ def _describe(err: ValidationError, source: str) -> str:
 # Reading the contract from another stack through a Pulumi `StackReference`.
 #
 #     platform = PlatformOutputs.from_stack_reference("org/gpu-inference-platform/prod")
-#     url = platform.openai_base_url("llama-70b", cluster="prod-use1")   # Output[str], plain
+#     url = platform.openai_base_url("llama-70b", cluster="prod-use1")   # Output[str], plain (the router's, if any)
 #     kubeconfig = platform.kubeconfig("prod-use1")                      # Output[str], secret
 #
 # The plain outputs are parsed and checked (version, missing keys) when the reference resolves; a
@@ -201,6 +216,11 @@ class PlatformReference:
         return self.outputs.apply(lambda o: o.endpoint(model, cluster))
 
     def openai_base_url(self, model: str, cluster: Optional[str] = None) -> pulumi.Output[str]:
+        """The recommended OpenAI `base_url`: the router's where one runs (contract >= 1.1), else the Service's."""
+        return self.endpoint(model, cluster).apply(lambda e: e.recommended_base_url)
+
+    def service_base_url(self, model: str, cluster: Optional[str] = None) -> pulumi.Output[str]:
+        """The model tier's Service, bypassing the router."""
         return self.endpoint(model, cluster).apply(lambda e: e.openai_base_url)
 
     def served_model_name(self, model: str) -> pulumi.Output[str]:

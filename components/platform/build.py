@@ -20,6 +20,8 @@ from components.agent.ebpf_agent import EbpfAgent, EbpfAgentArgs
 from components.existing.cluster import ExistingCluster, ExistingClusterArgs
 from components.gcp.cluster import GcpGpuCluster, GcpGpuClusterArgs
 from components.serving.vllm_serving import VllmServing, VllmServingArgs
+from components.router.router import Router, RouterArgs
+from components.router.config import router_enabled
 
 
 def platform_labels(cfg: StackConfig) -> dict[str, str]:
@@ -33,6 +35,7 @@ class ClusterLayers:
     addons: PlatformAddons
     agent: EbpfAgent | None
     serving: dict[str, VllmServing] = field(default_factory=dict)
+    router: Router | None = None
 
 
 def build_cluster(loaded: LoadedConfig, c: Any) -> ClusterHandle:
@@ -89,6 +92,20 @@ def build_layers(loaded: LoadedConfig, handle: ClusterHandle) -> ClusterLayers:
                 labels=labels,
             ),
             opts=after_addons,
+        )
+    models = [m for m, _ in cfg.placements_on(handle.name)]
+    if router_enabled(cfg.router, models):
+        layers.router = Router(
+            f"{handle.name}-llm-router",
+            RouterArgs(
+                config=cfg.router,
+                models=models,
+                namespace=addons.serving_namespace,
+                gpu_pools=list(handle.gpu_pools.values()),
+                observability=cfg.observability,
+                labels=labels,
+            ),
+            opts=pulumi.ResourceOptions(provider=handle.provider, depends_on=[addons, *layers.serving.values()]),
         )
     return layers
 

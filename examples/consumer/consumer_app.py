@@ -33,7 +33,7 @@ while True:
 def client_env(endpoint: ModelEndpoint, served_model_name: str, interval_s: int = 30) -> list[dict[str, str]]:
     """OPENAI_BASE_URL / OPENAI_MODEL: the names OpenAI SDKs read, so any client works unchanged."""
     return [
-        {"name": "OPENAI_BASE_URL", "value": endpoint.openai_base_url},
+        {"name": "OPENAI_BASE_URL", "value": endpoint.recommended_base_url},
         {"name": "OPENAI_MODEL", "value": served_model_name},
         {"name": "OPENAI_API_KEY", "value": "unused"},
         {"name": "INTERVAL_S", "value": str(interval_s)},

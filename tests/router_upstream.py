@@ -1,0 +1,139 @@
+#!/usr/bin/env python3
+"""A stdlib stand-in for one vLLM replica, reproducing what was measured on vLLM's CPU build:
+
+- `POST /v1/completions` streams SSE chunks (`data: {...}` then `data: [DONE]`), one per token
+  every `--token-delay` seconds; it never answers 429 (vLLM queues instead);
+- after SIGTERM it answers every new request with HTTP 500 before any byte, finishes the streams in
+  flight, keeps `/health` and `/v1/models` at 200, and exits when the last stream ends;
+- `--mode 503` answers 503 to completions (an overloaded or broken replica).
+
+Each request it receives is appended to `--journal` (one JSON line: name, request id, outcome), so a
+test can prove where a request went and that it was never replayed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+SHUTDOWN_ERROR = {"error": {"message": "cannot schedule new futures after shutdown", "type": "InternalServerError", "code": 500}}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--name", required=True)
+    ap.add_argument("--journal", required=True)
+    ap.add_argument("--mode", choices=["ok", "503"], default="ok")
+    ap.add_argument("--tokens", type=int, default=5)
+    ap.add_argument("--token-delay", type=float, default=0.05)
+    a = ap.parse_args()
+
+    state = {"draining": False, "inflight": 0}
+    lock = threading.Lock()
+    jlock = threading.Lock()
+
+    def journal(rec: dict) -> None:
+        with jlock, open(a.journal, "a") as f:
+            f.write(json.dumps({"name": a.name, **rec}) + "\n")
+
+    class H(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args) -> None:
+            pass
+
+        def setup(self) -> None:
+            super().setup()
+            # Like vLLM (asyncio sets TCP_NODELAY on its transports): no Nagle delay between the
+            # headers and the first token.
+            self.request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+        def _json(self, code: int, doc: dict) -> None:
+            body = json.dumps(doc).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self) -> None:
+            if self.path in ("/health", "/v1/models"):
+                self._json(200, {"object": "list", "data": [{"id": "tiny"}]} if self.path != "/health" else {})
+            else:
+                self._json(404, {"error": "not found"})
+
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            req = json.loads(body or b"{}")
+            rid = req.get("user", "")
+            tokens = int(req.get("max_tokens") or a.tokens)
+            if self.path != "/v1/completions":
+                journal({"id": rid, "outcome": "404", "path": self.path})
+                return self._json(404, {"error": "not found"})
+            with lock:
+                draining = state["draining"]
+                if not draining:
+                    state["inflight"] += 1
+            if draining:
+                journal({"id": rid, "outcome": "500-draining"})
+                return self._json(500, SHUTDOWN_ERROR)
+            if a.mode == "503":
+                with lock:
+                    state["inflight"] -= 1
+                journal({"id": rid, "outcome": "503"})
+                return self._json(503, {"error": {"message": "overloaded", "code": 503}})
+            journal({"id": rid, "outcome": "start", "max": state["inflight"]})
+            try:
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                for i in range(tokens):
+                    chunk = {"id": rid, "object": "text_completion", "model": "tiny", "served_by": a.name,
+                             "choices": [{"index": 0, "text": f" t{i}", "finish_reason": None}]}
+                    self._chunk(f"data: {json.dumps(chunk)}\n\n")
+                    time.sleep(a.token_delay)
+                self._chunk("data: [DONE]\n\n")
+                self.wfile.write(b"0\r\n\r\n")
+                self.wfile.flush()
+                journal({"id": rid, "outcome": "done"})
+            finally:
+                with lock:
+                    state["inflight"] -= 1
+
+        def _chunk(self, text: str) -> None:
+            data = text.encode()
+            self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+            self.wfile.flush()
+
+    srv = ThreadingHTTPServer((a.host, a.port), H)
+    srv.daemon_threads = True
+
+    def on_term(*_) -> None:
+        with lock:
+            state["draining"] = True
+
+        def wait_and_exit() -> None:
+            while True:
+                with lock:
+                    if state["inflight"] == 0:
+                        break
+                time.sleep(0.02)
+            srv.shutdown()
+
+        threading.Thread(target=wait_and_exit, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, on_term)
+    print(f"ready {a.name} {a.port}", flush=True)
+    srv.serve_forever()
+
+
+if __name__ == "__main__":
+    main()
