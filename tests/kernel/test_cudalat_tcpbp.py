@@ -10,6 +10,8 @@ import threading
 import time
 
 
+from conftest import STUB_DRIVER_SYMBOLS, STUB_RUNTIME_SYMBOLS
+
 from agent.programs import CudaLat, TcpBackpressure
 
 N_CALLS = 1000
@@ -24,7 +26,7 @@ def test_uprobe_histogram_counts_every_call(bpf_build, cuda_stubs, test_cgroup, 
                    libraries=(cuda_stubs["libcudart"], cuda_stubs["libcuda"]), scan_proc=None)
     assert unit.start(), unit.error
     try:
-        assert unit.probes == 2 * 5, "entry+return probes for 4 runtime and 1 driver symbol"
+        assert unit.probes == 2 * (STUB_RUNTIME_SYMBOLS + STUB_DRIVER_SYMBOLS), "entry+return per exported symbol"
         rt, drv = ctypes.CDLL(cuda_stubs["libcudart"]), ctypes.CDLL(cuda_stubs["libcuda"])
         for _ in range(N_CALLS):
             rt.cudaLaunchKernel(None, 1, 1, None, 0, None)
@@ -38,6 +40,33 @@ def test_uprobe_histogram_counts_every_call(bpf_build, cuda_stubs, test_cgroup, 
         assert hist["cuLaunchKernel"][0] == 7, hist
         assert hist["cudaLaunchKernel"][1] > 0, hist
         assert "cudaStreamSynchronize" not in hist, hist
+    finally:
+        unit.stop()
+
+
+def test_graph_launch_and_ptsz_symbols_are_probed_and_counted_under_their_api(bpf_build, cuda_stubs, test_cgroup,
+                                                                              pin_dir):
+    """vLLM decodes through CUDA graphs (cudaGraphLaunch); per-thread-default-stream builds call the
+    _ptsz symbols (cuda_runtime_api.h: #define cudaLaunchKernel __CUDART_API_PTSZ(cudaLaunchKernel),
+    i.e. cudaLaunchKernel_ptsz, under CUDA_API_PER_THREAD_DEFAULT_STREAM). A _ptsz call counts under
+    the API's name, so dashboards need one selector."""
+    unit = CudaLat(name="cudalat", bpf_dir=bpf_build, pin_dir=pin_dir, unpin_on_exit=True,
+                   libraries=(cuda_stubs["libcudart"], cuda_stubs["libcuda"]), scan_proc=None)
+    assert unit.start(), unit.error
+    try:
+        rt, drv = ctypes.CDLL(cuda_stubs["libcudart"]), ctypes.CDLL(cuda_stubs["libcuda"])
+        for _ in range(3):
+            rt.cudaGraphLaunch(None, None)
+        for _ in range(5):
+            rt.cudaGraphLaunch_ptsz(None, None)
+            rt.cudaLaunchKernel_ptsz(None, 1, 1, None, 0, None)
+        drv.cuLaunchKernel_ptsz(None, 1, 1, 1, 1, 1, 1, 0, None, None, None)
+        cg = _cgroup_id(test_cgroup)
+        hist: dict[str, int] = {}
+        for cgid, call, slots, _ in unit.histograms():  # one entry per symbol; the exporter merges them
+            if cgid == cg:
+                hist[call] = hist.get(call, 0) + sum(slots)
+        assert hist == {"cudaGraphLaunch": 8, "cudaLaunchKernel": 5, "cuLaunchKernel": 1}, hist
     finally:
         unit.stop()
 
