@@ -129,7 +129,9 @@ class AgentCollector:
                                     "CUDA uprobes (entry and return) currently attached.", value=u.probes)
         elif isinstance(u, TcpBackpressure):
             samples = CounterMetricFamily("ebpf_tcp_send_samples",
-                                          "TCP send-path observations, per cgroup.", labels=WORKLOAD_LABELS)
+                                          "TCP send-path observations, per cgroup. Covers the TCP stack only: sends "
+                                          "sockredir redirects never reach it (see ebpf_sockmap_redirected_bytes_total "
+                                          "and ebpf_sockmap_flow_control_total).", labels=WORKLOAD_LABELS)
             events = CounterMetricFamily(
                 "ebpf_tcp_send_backpressure",
                 "TCP send-path observations with the send queue above the threshold share of sk_sndbuf. "

@@ -172,3 +172,55 @@ def test_gc_drops_entries_of_deleted_cgroups_only(bpf_build, cuda_stubs, cgroup2
         assert gone_id not in ids and live_id in ids, ids
     finally:
         unit.stop()
+
+
+def test_backpressure_sees_the_tcp_path_but_not_sends_sockredir_redirects(bpf_build, test_cgroup, pin_dir):
+    """The documented coverage of ebpf_tcp_send_*: a socket in the sockhash has sk_prot->sendmsg =
+    tcp_bpf_sendmsg (net/ipv4/tcp_bpf.c); a message it redirects goes tcp_bpf_sendmsg_redir ->
+    bpf_tcp_ingress into the peer's queue and never reaches tcp_sendmsg_locked, where the
+    tcp:tcp_sendmsg_locked tracepoint sits. Plain TCP on the same cgroup is sampled; redirected sends
+    show only in the sockmap counters (redirected, redirected_bytes)."""
+    from conftest import free_port
+
+    from agent.programs import SockRedir
+
+    port = free_port()
+    redir = SockRedir(name="sockredir", bpf_dir=bpf_build, pin_dir=pin_dir, unpin_on_exit=True, ports=(port,),
+                      cgroup_path=test_cgroup, allow_clients=("cgroup:/",))
+    bp = TcpBackpressure(name="tcpbp", bpf_dir=bpf_build, pin_dir=pin_dir, unpin_on_exit=True, mode="tracepoint")
+    assert redir.start(), redir.error
+    assert bp.start(), bp.error
+    cg = _cgroup_id(test_cgroup)
+
+    def exchange(p: int, n: int) -> None:
+        srv = socket.socket()
+        srv.bind(("127.0.0.1", p))
+        srv.listen(1)
+        with srv, socket.create_connection(("127.0.0.1", p), timeout=10) as c:
+            s, _ = srv.accept()
+            with s:
+                s.settimeout(10)
+                for _ in range(n):
+                    c.sendall(b"x" * 100)
+                    got = b""
+                    while len(got) < 100:
+                        got += s.recv(100 - len(got))
+
+    try:
+        s0, _ = _send_counts(bp, cg)
+        plain = free_port()
+        while plain == port:
+            plain = free_port()
+        exchange(plain, 50)  # not a configured port: plain TCP
+        s1, _ = _send_counts(bp, cg)
+        assert s1 - s0 >= 50, f"plain TCP sends not sampled: {s1 - s0}"
+        r0 = redir.counters()
+        exchange(port, 50)
+        s2, _ = _send_counts(bp, cg)
+        r1 = redir.counters()
+        assert r1["redirected"] - r0["redirected"] == 50, (r0, r1)
+        assert r1["redirected_bytes"] - r0["redirected_bytes"] == 5000, (r0, r1)
+        assert s2 == s1, f"{s2 - s1} samples from sends that sockredir redirected"
+    finally:
+        bp.stop()
+        redir.stop()
