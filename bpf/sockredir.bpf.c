@@ -303,8 +303,10 @@ int sockredir_sockops(struct bpf_sock_ops *skops)
 
 /*
  * Bytes already redirected into the peer's ingress queue and not yet read, against the peer's
- * receive buffer. sk_psock.msg_tot_len counts them (kernel >= 6.12); without it there is no bound
- * to check and the caller redirects as before.
+ * receive buffer. sk_psock.msg_tot_len counts them; it came with upstream "bpf, sockmap: Fix
+ * FIONREAD for sockmap" (bpf-next, January 2026, Fixes: 04919bed948dc, so also in stable trees that
+ * took the backport, e.g. 6.18.44). Without it there is no bound to check and the caller redirects
+ * as before.
  */
 static __always_inline bool peer_queue_full(struct sock_key *peer)
 {

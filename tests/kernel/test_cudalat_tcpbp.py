@@ -224,3 +224,41 @@ def test_backpressure_sees_the_tcp_path_but_not_sends_sockredir_redirects(bpf_bu
     finally:
         bp.stop()
         redir.stop()
+
+
+def test_full_histogram_map_counts_dropped_events_and_exports_them(bpf_build, cuda_stubs, test_cgroup, pin_dir):
+    """cuda_call_enqueue_seconds holds 4,096 (cgroup, call) entries. Filled (here from user space with
+    keys of cgroups that do not exist), a call from a new cgroup cannot get a histogram: the program
+    counts it in cudalat_dropped, and /metrics shows ebpf_map_dropped_events_total{program="cudalat"}."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from agent.metrics import AgentCollector
+    from agent.programs import CUDA_HIST, CUDA_HIST_KEY
+
+    unit = CudaLat(name="cudalat", bpf_dir=bpf_build, pin_dir=pin_dir, unpin_on_exit=True,
+                   libraries=(cuda_stubs["libcudart"],), scan_proc=None)
+    assert unit.start(), unit.error
+    try:
+        hist = unit.obj.map("cuda_call_enqueue_seconds")
+        zero = bytes(CUDA_HIST.size)
+        fake = 1 << 62  # no cgroup has an id this large
+        for i in range(4096):
+            hist.update(CUDA_HIST_KEY.pack(fake + i, 0, 0), zero)
+        assert unit.dropped() == 0
+        rt = ctypes.CDLL(cuda_stubs["libcudart"])
+        for _ in range(3):
+            rt.cudaLaunchKernel(None, 1, 1, None, 0, None)
+        assert unit.dropped() == 3
+        assert _cgroup_id(test_cgroup) not in {cg for cg, *_ in unit.histograms()}
+
+        class NoNames:
+            def lookup(self, cgid):
+                from agent.cgroups import resolve
+                return resolve("/", {}, {})
+
+        reg = CollectorRegistry()
+        reg.register(AgentCollector([unit], NoNames()))
+        text = generate_latest(reg).decode()
+        assert 'ebpf_map_dropped_events_total{program="cudalat"} 3.0' in text, text[:2000]
+    finally:
+        unit.stop()
