@@ -17,6 +17,7 @@ Then cuda_probe_bench.py: ns per stub cudaLaunchKernel call under a bare uprobe+
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import re
 import statistics
@@ -35,6 +36,7 @@ sys.path.insert(0, BENCH)
 import cuda_probe_bench  # noqa: E402
 import sse_bench  # noqa: E402
 from agent.cgroups import find_cgroup2_mount  # noqa: E402
+from agent.libbpf import route_log_to_logging  # noqa: E402
 from agent.programs import SockRedir  # noqa: E402
 
 # Inside the bench's own network namespace: fixed ports cannot clash with anything else.
@@ -190,6 +192,8 @@ def main() -> int:
     a = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("needs root (loads eBPF programs, creates a network namespace)")
+    logging.basicConfig(level=logging.ERROR)  # libbpf's "symbol not in the stub" notes are expected
+    route_log_to_logging()
     subprocess.run(["make", "-C", BPF, "-s"], check=True)
     env = Env(None if a.cpu == "none" else int(a.cpu))
     try:
