@@ -1,21 +1,25 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: Apache-2.0
-"""Sockmap fast path vs plain loopback TCP, measured with sockperf, plus CUDA uprobe overhead.
+"""Sockmap fast path vs plain TCP, and CUDA probe overhead vs a bare uprobe pair, side by side.
 
-Run as root from the repo root:  .venv/bin/python bench/ebpf_sockmap_bench.py [--rounds 5] [--seconds 3]
+Run as root from the repo root:  .venv/bin/python bench/ebpf_sockmap_bench.py [--rounds 5]
 
-Both sockperf servers run in one test cgroup2 with the sockredir programs attached; only the
-accelerated port is in the redirect set, the other port is plain TCP. Latency (ping-pong) and
-small-frame streaming (throughput mode, 32-byte messages) alternate fast/plain every round so
-drift on the machine hits both equally. Medians over rounds are reported.
+Everything runs in a network namespace and a cgroup2 directory the script creates (loopback only)
+and removes. sockredir is attached to that cgroup with one accelerated port and one plain port per
+pattern; every round measures each pattern on both ports, alternating which goes first, and the
+medians over rounds are compared. The patterns:
+  - ping-pong: sockperf, 64 B, one-way latency (RTT/2) p50 and p99;
+  - SSE paced / saturated: bench/sse_load.c, the frames vLLM's OpenAI server writes (sse_bench.py);
+  - stream: sockperf throughput, one connection blasting 32 B writes back to back.
+Then cuda_probe_bench.py: ns per stub cudaLaunchKernel call under a bare uprobe+uretprobe pair
+(the floor) and under cudalat.
 """
 from __future__ import annotations
 
 import argparse
-import ctypes
+import logging
 import os
 import re
-import socket
 import statistics
 import subprocess
 import sys
@@ -23,157 +27,185 @@ import tempfile
 import time
 import uuid
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BENCH = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(BENCH)
 BPF = os.path.join(REPO, "bpf")
 sys.path.insert(0, BPF)
+sys.path.insert(0, BENCH)
 
+import cuda_probe_bench  # noqa: E402
+import sse_bench  # noqa: E402
 from agent.cgroups import find_cgroup2_mount  # noqa: E402
-from agent.programs import CudaLat, SockRedir  # noqa: E402
+from agent.libbpf import route_log_to_logging  # noqa: E402
+from agent.programs import SockRedir  # noqa: E402
+
+# Inside the bench's own network namespace: fixed ports cannot clash with anything else.
+PORTS = {"sockperf": (8000, 8001), "sse": (9000, 9001)}  # (accelerated, plain)
+SSE_STREAMS, SSE_FRAME, SSE_STEP_US = 200, 150, 20000
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+class Env:
+    """The bench's netns + cgroup, and how to run a command inside both, pinned to one CPU."""
+
+    def __init__(self, cpu: int | None):
+        with open("/proc/self/mountinfo") as f:
+            root = find_cgroup2_mount(f.read())
+        tag = uuid.uuid4().hex[:8]
+        self.cgroup = os.path.join(root, f"gpuinfra-bench-{tag}")
+        self.netns = f"gpuinfra-bench-{tag}"
+        self.pin_dir = f"/sys/fs/bpf/gpuinfra-bench-{tag}"
+        self.cpu = cpu
+        os.mkdir(self.cgroup)
+        subprocess.run(["ip", "netns", "add", self.netns], check=True)
+        subprocess.run(["ip", "-n", self.netns, "link", "set", "lo", "up"], check=True)
+
+    def wrap(self, argv: list[str]) -> list[str]:
+        pin = [] if self.cpu is None else ["taskset", "-c", str(self.cpu)]
+        return ["sh", "-c", f'echo $$ > {self.cgroup}/cgroup.procs && exec "$@"', "sh",
+                "ip", "netns", "exec", self.netns, *pin, *argv]
+
+    def run(self, argv: list[str], timeout: float) -> str:
+        r = subprocess.run(self.wrap(argv), capture_output=True, text=True, timeout=timeout)
+        if r.returncode:
+            raise RuntimeError(f"{argv} failed:\n{r.stdout}\n{r.stderr}")
+        return r.stdout + r.stderr
+
+    def close(self) -> None:
+        subprocess.run(["ip", "netns", "del", self.netns], check=False)
+        for _ in range(50):
+            try:
+                os.rmdir(self.cgroup)
+                return
+            except OSError:
+                time.sleep(0.1)  # processes still leaving
 
 
-CPU = None  # set from --cpu: pin client and server to one CPU
-
-
-def in_cgroup(cgroup: str, argv: list[str]) -> list[str]:
-    if CPU is not None:
-        argv = ["taskset", "-c", str(CPU), *argv]
-    return ["sh", "-c", f'echo $$ > {cgroup}/cgroup.procs && exec "$@"', "sh", *argv]
-
-
-def run(cgroup: str, argv: list[str], timeout: float) -> str:
-    r = subprocess.run(in_cgroup(cgroup, argv), capture_output=True, text=True, timeout=timeout)
-    if r.returncode:
-        raise RuntimeError(f"{argv} failed:\n{r.stdout}\n{r.stderr}")
-    return r.stdout + r.stderr
-
-
-def pingpong(cgroup: str, port: int, seconds: int, size: int) -> tuple[float, float]:
-    out = run(cgroup, ["sockperf", "ping-pong", "--tcp", "-i", "127.0.0.1", "-p", str(port),
-                       "-t", str(seconds), "-m", str(size)], seconds + 30)
+def pingpong(env: Env, port: int, seconds: int) -> tuple[float, float]:
+    out = env.run(["sockperf", "ping-pong", "--tcp", "-i", "127.0.0.1", "-p", str(port),
+                   "-t", str(seconds), "-m", "64"], seconds + 30)
     pct = {m[0]: float(m[1]) for m in re.findall(r"percentile (\d+\.\d+) =\s+([\d.]+)", out)}
     return pct["50.000"], pct["99.000"]
 
 
-def stream(cgroup: str, port: int, seconds: int, size: int) -> float:
-    out = run(cgroup, ["sockperf", "throughput", "--tcp", "-i", "127.0.0.1", "-p", str(port),
-                       "-t", str(seconds), "-m", str(size)], seconds + 30)
+def stream(env: Env, port: int, seconds: int) -> float:
+    out = env.run(["sockperf", "throughput", "--tcp", "-i", "127.0.0.1", "-p", str(port),
+                   "-t", str(seconds), "-m", "32"], seconds + 30)
     return float(re.search(r"Message Rate is ([\d.]+) \[msg/sec\]", out).group(1))
 
 
-STUB = r"""
-#define STUB(name) __attribute__((noinline, visibility("default"))) int name(void) \
-	{ __asm__ volatile("" ::: "memory"); return 0; }
-STUB(cudaLaunchKernel) STUB(cudaMalloc) STUB(cudaMemcpyAsync) STUB(cudaStreamSynchronize)
-"""
-LOOP = r"""
-#include <stdio.h>
-#include <time.h>
-int cudaLaunchKernel(const void *, unsigned long long, unsigned long long, void **, unsigned long, void *);
-#include <stdlib.h>
-int main(int argc, char **argv) {
-	long n = atol(argv[1]); struct timespec a, b;
-	clock_gettime(CLOCK_MONOTONIC, &a);
-	for (long i = 0; i < n; i++) cudaLaunchKernel(0, 1, 1, 0, 0, 0);
-	clock_gettime(CLOCK_MONOTONIC, &b);
-	printf("%.0f\n", n / ((b.tv_sec - a.tv_sec) + (b.tv_nsec - a.tv_nsec) / 1e9));
-	return 0;
-}
-"""
+# (row label, unit, lower is better, how to get it from one round's results)
+ROWS = (
+    ("ping-pong 64 B p50", "us", True, lambda r: r["pp"][0]),
+    ("ping-pong 64 B p99", "us", True, lambda r: r["pp"][1]),
+    (f"SSE {SSE_STREAMS} streams paced: ITL p99", "ms", True, lambda r: r["paced"]["itl_p99_us"] / 1000),
+    ("SSE paced: delivery p50", "us", True, lambda r: r["paced"]["lat_p50_us"]),
+    ("SSE paced: delivery p99", "us", True, lambda r: r["paced"]["lat_p99_us"]),
+    ("SSE paced: frames/s", "/s", False, lambda r: r["paced"]["msgs_per_s"]),
+    (f"SSE {SSE_STREAMS} streams saturated: frames/s", "/s", False, lambda r: r["sat"]["msgs_per_s"]),
+    ("stream 32 B, 1 connection: msgs/s", "/s", False, lambda r: r["stream"]),
+)
 
 
-def uprobe_overhead(tmp: str, pin_dir: str) -> tuple[float, float]:
-    lib, exe = os.path.join(tmp, "libcudart.so.12"), os.path.join(tmp, "loop")
-    with open(os.path.join(tmp, "stub.c"), "w") as f:
-        f.write(STUB)
-    with open(os.path.join(tmp, "loop.c"), "w") as f:
-        f.write(LOOP)
-    subprocess.run(["clang", "-O2", "-shared", "-fPIC", "-o", lib, os.path.join(tmp, "stub.c")], check=True)
-    subprocess.run(["clang", "-O2", "-o", exe, os.path.join(tmp, "loop.c"), lib, f"-Wl,-rpath,{tmp}"], check=True)
-    def rate(n: int) -> float:
-        return float(subprocess.run([exe, str(n)], capture_output=True, text=True, check=True).stdout)
-
-    without = statistics.median(rate(5_000_000) for _ in range(3))
-    unit = CudaLat(name="cudalat", bpf_dir=os.path.join(BPF, "build"), pin_dir=pin_dir,
-                   unpin_on_exit=True, libraries=(lib,), scan_proc=None)
-    assert unit.start(), unit.error
-    try:
-        with_probes = statistics.median(rate(100_000) for _ in range(3))
-    finally:
-        unit.stop()
-    return without, with_probes
+def one_round(env: Env, redir: SockRedir, sse_exe: str, mode: str, a) -> dict:
+    i = 0 if mode == "sockmap" else 1
+    before = redir.counters()["redirected"]
+    res = {"pp": pingpong(env, PORTS["sockperf"][i], a.seconds),
+           "stream": stream(env, PORTS["sockperf"][i], a.seconds),
+           "paced": sse_bench.run(sse_exe, env.wrap, PORTS["sse"][i], SSE_STREAMS, SSE_FRAME, a.sse_seconds,
+                                  SSE_STEP_US),
+           "sat": sse_bench.run(sse_exe, env.wrap, PORTS["sse"][i], SSE_STREAMS, SSE_FRAME, a.seconds, 0)}
+    moved = redir.counters()["redirected"] - before
+    if (mode == "sockmap") != (moved > 0):
+        raise RuntimeError(f"{mode} round redirected {moved} messages")
+    return res
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--seconds", type=int, default=3)
-    ap.add_argument("--size", type=int, default=64, help="ping-pong message bytes")
-    ap.add_argument("--frame", type=int, default=32, help="streaming frame bytes (token-sized)")
-    ap.add_argument("--cpu", default="0",
-                    help="pin sockperf client and server to this CPU ('none' to let them float). Unpinned "
-                         "runs on small VMs are bimodal: a cross-CPU wakeup costs ~35 us there.")
-    a = ap.parse_args()
-    global CPU
-    CPU = None if a.cpu == "none" else int(a.cpu)
-    if os.geteuid() != 0:
-        sys.exit("needs root (loads eBPF programs)")
-    subprocess.run(["make", "-C", BPF, "-s"], check=True)
-    with open("/proc/self/mountinfo") as f:
-        root = find_cgroup2_mount(f.read())
-    cgroup = os.path.join(root, f"gpuinfra-bench-{uuid.uuid4().hex[:8]}")
-    os.mkdir(cgroup)
-    pin_dir = f"/sys/fs/bpf/gpuinfra-bench-{uuid.uuid4().hex[:8]}"
-    fast_port, plain_port = free_port(), free_port()
-    redir = SockRedir(name="sockredir", bpf_dir=os.path.join(BPF, "build"), pin_dir=pin_dir,
-                      unpin_on_exit=True, ports=(fast_port,), cgroup_path=cgroup, allow_clients=("cgroup:/",))
+def report(rounds: dict[str, list[dict]]) -> None:
+    print(f"{'pattern':44}{'plain TCP':>12}{'sockmap':>12}   sockmap vs plain")
+    for label, unit, lower, get in ROWS:
+        med = {m: statistics.median(get(r) for r in rs) for m, rs in rounds.items()}
+        if lower:
+            ratio = med["plain"] / med["sockmap"]
+            verdict = f"{ratio:.2f}x lower" if ratio >= 1 else f"{1 / ratio:.2f}x HIGHER"
+        else:
+            ratio = med["sockmap"] / med["plain"]
+            verdict = f"{ratio:.2f}x"
+        fmt = "{:>12,.0f}" if unit == "/s" else "{:>12.3f}"
+        print(f"{label + ' (' + unit + ')':44}" + fmt.format(med["plain"]) + fmt.format(med["sockmap"]) + f"   {verdict}")
+    print("per-round ping-pong p50 us: " + ", ".join(
+        f"{m} {[round(r['pp'][0], 2) for r in rs]}" for m, rs in rounds.items()))
+    print("per-round 32 B stream msgs/s: " + ", ".join(
+        f"{m} {[round(r['stream']) for r in rs]}" for m, rs in rounds.items()))
+
+
+def sockmap_part(env: Env, a) -> None:
+    fast = (PORTS["sockperf"][0], PORTS["sse"][0])
+    redir = SockRedir(name="sockredir", bpf_dir=os.path.join(BPF, "build"), pin_dir=env.pin_dir,
+                      unpin_on_exit=True, ports=fast, cgroup_path=env.cgroup, allow_clients=("cgroup:/",))
     servers = []
     try:
-        assert redir.start(), redir.error
-        for port in (fast_port, plain_port):
-            servers.append(subprocess.Popen(in_cgroup(cgroup, ["sockperf", "server", "--tcp", "-i", "127.0.0.1",
-                                                               "-p", str(port)]),
+        if not redir.start():
+            raise RuntimeError(f"sockredir: {redir.error}")
+        for port in PORTS["sockperf"]:
+            servers.append(subprocess.Popen(env.wrap(["sockperf", "server", "--tcp", "-i", "127.0.0.1",
+                                                      "-p", str(port)]),
                                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        time.sleep(1)
-        lat = {"sockmap": [], "plain": []}
-        rate = {"sockmap": [], "plain": []}
-        for r in range(a.rounds):
-            for mode, port in (("sockmap", fast_port), ("plain", plain_port)) if r % 2 == 0 else \
-                    (("plain", plain_port), ("sockmap", fast_port)):
-                before = redir.counters()["redirected"]
-                lat[mode].append(pingpong(cgroup, port, a.seconds, a.size))
-                rate[mode].append(stream(cgroup, port, a.seconds, a.frame))
-                moved = redir.counters()["redirected"] - before
-                if (mode == "sockmap") != (moved > 0):
-                    raise RuntimeError(f"{mode} round redirected {moved} messages")
-        p50 = {m: statistics.median(x[0] for x in v) for m, v in lat.items()}
-        p99 = {m: statistics.median(x[1] for x in v) for m, v in lat.items()}
-        mps = {m: statistics.median(v) for m, v in rate.items()}
-        print(f"kernel {os.uname().release}, {os.cpu_count()} CPUs, {a.rounds} alternating rounds x {a.seconds} s, "
-              f"sockperf one-way latency (RTT/2), {a.size} B ping-pong, {a.frame} B stream, "
-              f"{'client+server on CPU ' + str(CPU) if CPU is not None else 'unpinned'}")
-        print(f"{'':10}{'p50 us':>10}{'p99 us':>10}{'stream msg/s':>15}")
-        for m in ("plain", "sockmap"):
-            print(f"{m:10}{p50[m]:>10.3f}{p99[m]:>10.3f}{mps[m]:>15.0f}")
-        print(f"ratio plain/sockmap: p50 {p50['plain'] / p50['sockmap']:.2f}x lower, "
-              f"p99 {p99['plain'] / p99['sockmap']:.2f}x lower, stream {mps['sockmap'] / mps['plain']:.2f}x msgs/s")
-        print(f"per-round p50 us: plain {[round(x[0], 2) for x in lat['plain']]}, "
-              f"sockmap {[round(x[0], 2) for x in lat['sockmap']]}")
+        with tempfile.TemporaryDirectory() as tmp:
+            sse_exe = sse_bench.build(tmp, BENCH)
+            time.sleep(1)
+            rounds: dict[str, list[dict]] = {"plain": [], "sockmap": []}
+            for r in range(a.rounds):
+                for mode in (("sockmap", "plain") if r % 2 == 0 else ("plain", "sockmap")):
+                    rounds[mode].append(one_round(env, redir, sse_exe, mode, a))
+        report(rounds)
+        c = redir.counters()
+        print(f"sockredir counters: redirected {c['redirected']:,}, fallback {c['fallback']:,}, "
+              f"flow_control {c['flow_control']}, errors {c['errors']}")
     finally:
         for s in servers:
             s.terminate()
             s.wait(10)
         redir.stop()
-        os.rmdir(cgroup)
+
+
+def probe_part(env: Env, a) -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        without, with_probes = uprobe_overhead(tmp, pin_dir)
-    print(f"CUDA uprobe stub: {without:,.0f} calls/s without probes, {with_probes:,.0f} with "
-          f"(~{(1 / with_probes - 1 / without) * 1e9:,.0f} ns per call added)")
+        m = cuda_probe_bench.measure(tmp, BENCH, os.path.join(BPF, "build"), env.pin_dir, a.rounds,
+                                     a.probe_calls, env.cpu)
+    med = m["median_ns"]
+    print(f"CUDA probes, stub cudaLaunchKernel, ns per call (median of {a.rounds}): none {med['none']:,.1f}, "
+          f"bare uprobe+uretprobe {med['bare']:,.1f}, cudalat {med['cudalat']:,.1f}")
+    print(f"cudalat vs the bare pair (the floor): {m['ratio']:.3f}x per call; added cost "
+          f"{m['cudalat_added_ns']:,.0f} ns vs {m['bare_added_ns']:,.0f} ns = {m['added_ratio']:.3f}x (target <= 1.25x)")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--seconds", type=int, default=2, help="per sockperf run and per saturated SSE run")
+    ap.add_argument("--sse-seconds", type=float, default=3.0, help="per paced SSE run")
+    ap.add_argument("--probe-calls", type=int, default=20000, help="probed calls per CUDA measurement")
+    ap.add_argument("--cpu", default="0",
+                    help="pin every client and server to this CPU ('none' to let them float). Unpinned runs on "
+                         "small VMs are bimodal: a cross-CPU wakeup costs ~35 us there.")
+    ap.add_argument("--only", choices=("all", "sockmap", "probes"), default="all")
+    a = ap.parse_args()
+    if os.geteuid() != 0:
+        sys.exit("needs root (loads eBPF programs, creates a network namespace)")
+    logging.basicConfig(level=logging.ERROR)  # libbpf's "symbol not in the stub" notes are expected
+    route_log_to_logging()
+    subprocess.run(["make", "-C", BPF, "-s"], check=True)
+    env = Env(None if a.cpu == "none" else int(a.cpu))
+    try:
+        print(f"kernel {os.uname().release}, {os.cpu_count()} CPUs, {a.rounds} alternating rounds, "
+              f"{'every process on CPU ' + str(env.cpu) if env.cpu is not None else 'unpinned'}, "
+              f"private netns + cgroup; medians")
+        if a.only in ("all", "sockmap"):
+            sockmap_part(env, a)
+        if a.only in ("all", "probes"):
+            probe_part(env, a)
+    finally:
+        env.close()
     return 0
 
 

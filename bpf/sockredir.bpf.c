@@ -9,6 +9,9 @@
  *  - a server socket (local port selected) whose client is already in the sockhash, so that a
  *    server socket is never inserted when its peer cannot be redirected to (remote clients,
  *    clients that are not allowed).
+ * A client whose server socket never pairs (its peer is not a local socket: a remote server, or a
+ * kube-proxy ClusterIP whose DNAT the client socket never sees) is evicted from the sockhash at
+ * its first RTT sample: its data went over TCP and was acknowledged, so no pair can form any more.
  * sk_msg looks up the PEER's key (the same tuple swapped, same netns) and redirects the payload
  * straight into the peer's receive queue, unless the peer's queue already holds its sk_rcvbuf
  * worth of redirected bytes: then this socket goes back to the TCP path for good (TCP's own
@@ -55,7 +58,7 @@ struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 65536);
 	__type(key, struct sock_key);
-	__type(value, __u64);
+	__type(value, struct sock_entry);
 } sockredir_socks SEC(".maps");
 
 /* Sockets sent back to TCP by flow control; they never redirect again (byte order). */
@@ -190,17 +193,18 @@ static __always_inline bool cgroup_allowed(struct bpf_sock_ops *skops)
 	return false;
 }
 
-static __always_inline void insert(struct bpf_sock_ops *skops, struct sock_key *key)
+static __always_inline void insert(struct bpf_sock_ops *skops, struct sock_key *key, bool client)
 {
 	struct bpf_sock *bsk = skops->sk;
-	__u64 addr = 0;
+	struct sock_entry entry = { .paired = !client };
+	__u32 flags = BPF_SOCK_OPS_STATE_CB_FLAG;
 	long err;
 
 	if (bsk)
-		addr = (__u64)bpf_skc_to_tcp_sock(bsk);
-	if (!addr)
+		entry.addr = (__u64)bpf_skc_to_tcp_sock(bsk);
+	if (!entry.addr)
 		return;
-	err = bpf_map_update_elem(&sockredir_socks, key, &addr, BPF_NOEXIST);
+	err = bpf_map_update_elem(&sockredir_socks, key, &entry, BPF_NOEXIST);
 	if (err) {
 		count(map_full(err) ? SOCKREDIR_DROPPED : SOCKREDIR_ERROR);
 		return;
@@ -212,13 +216,42 @@ static __always_inline void insert(struct bpf_sock_ops *skops, struct sock_key *
 		return;
 	}
 	count(SOCKREDIR_INSERTED);
-	bpf_sock_ops_cb_flags_set(skops, skops->bpf_sock_ops_cb_flags | BPF_SOCK_OPS_STATE_CB_FLAG);
+	/* A client also wants its RTT samples: the first one tells whether a pair formed. */
+	if (client)
+		flags |= BPF_SOCK_OPS_RTT_CB_FLAG;
+	bpf_sock_ops_cb_flags_set(skops, skops->bpf_sock_ops_cb_flags | flags);
+}
+
+/*
+ * RTT_CB on a client: an ACK for data it sent over TCP. A paired client's data is redirected and
+ * produces no RTT sample unless flow control moved it to TCP; either way the question is settled,
+ * so the callback turns itself off. An unpaired client leaves the sockhash: nothing was ever
+ * redirected into it (only its peer could, and the peer was never inserted), so its receive side
+ * holds nothing the removal could drop, and its sends stop paying for the sk_msg path.
+ */
+static __always_inline void settle_client(struct bpf_sock_ops *skops)
+{
+	struct sock_key key = {};
+	struct sock_entry *e;
+
+	if (key_of_sockops(skops, false, &key))
+		return;
+	e = bpf_map_lookup_elem(&sockredir_socks, &key);
+	if (e && !e->paired) {
+		bpf_map_delete_elem(&sockredir_sockhash, &key);
+		bpf_map_delete_elem(&sockredir_socks, &key);
+		count(SOCKREDIR_EVICTED);
+		bpf_sock_ops_cb_flags_set(skops, 0);
+		return;
+	}
+	bpf_sock_ops_cb_flags_set(skops, skops->bpf_sock_ops_cb_flags & ~BPF_SOCK_OPS_RTT_CB_FLAG);
 }
 
 SEC("sockops")
 int sockredir_sockops(struct bpf_sock_ops *skops)
 {
 	struct sock_key key = {}, peer = {};
+	struct sock_entry *client;
 
 	switch (skops->op) {
 	case BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB:
@@ -231,7 +264,7 @@ int sockredir_sockops(struct bpf_sock_ops *skops)
 			count(SOCKREDIR_NOT_ALLOWED);
 			return 1;
 		}
-		insert(skops, &key);
+		insert(skops, &key, true);
 		break;
 	case BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB:
 		/* The server side: only when its client is in the sockhash (same node, allowed). */
@@ -239,11 +272,16 @@ int sockredir_sockops(struct bpf_sock_ops *skops)
 			return 1;
 		if (!port_selected(bpf_ntohs(key.local_port)))
 			return 1;
-		if (!bpf_map_lookup_elem(&sockredir_socks, &peer)) {
+		client = bpf_map_lookup_elem(&sockredir_socks, &peer);
+		if (!client) {
 			count(SOCKREDIR_UNPAIRED);
 			return 1;
 		}
-		insert(skops, &key);
+		client->paired = 1;
+		insert(skops, &key, false);
+		break;
+	case BPF_SOCK_OPS_RTT_CB:
+		settle_client(skops);
 		break;
 	case BPF_SOCK_OPS_STATE_CB:
 		/* args[1] is the new state. SOCKHASH also unlinks closing sockets itself; the
@@ -265,20 +303,22 @@ int sockredir_sockops(struct bpf_sock_ops *skops)
 
 /*
  * Bytes already redirected into the peer's ingress queue and not yet read, against the peer's
- * receive buffer. sk_psock.msg_tot_len counts them (kernel >= 6.12); without it there is no bound
- * to check and the caller redirects as before.
+ * receive buffer. sk_psock.msg_tot_len counts them; it came with upstream "bpf, sockmap: Fix
+ * FIONREAD for sockmap" (bpf-next, January 2026, Fixes: 04919bed948dc, so also in stable trees that
+ * took the backport, e.g. 6.18.44). Without it there is no bound to check and the caller redirects
+ * as before.
  */
 static __always_inline bool peer_queue_full(struct sock_key *peer)
 {
-	__u64 *addr = bpf_map_lookup_elem(&sockredir_socks, peer);
+	struct sock_entry *e = bpf_map_lookup_elem(&sockredir_socks, peer);
 	struct sk_psock *psock;
 	struct sock *sk;
 	__u32 queued;
 	int rcvbuf;
 
-	if (!addr || !bpf_core_field_exists(struct sk_psock, msg_tot_len))
+	if (!e || !bpf_core_field_exists(struct sk_psock, msg_tot_len))
 		return false;
-	sk = (struct sock *)*addr;
+	sk = (struct sock *)e->addr;
 	psock = (struct sk_psock *)((__u64)BPF_CORE_READ(sk, sk_user_data) & ~7ULL);
 	if (!psock)
 		return false;

@@ -27,6 +27,13 @@ struct sock_key {
 	__u32 pad;
 };
 
+/* sockredir_socks value: where the socket is, and whether its pair ever formed. */
+struct sock_entry {
+	__u64 addr;   /* struct sock *, read only with bpf_probe_read_kernel */
+	__u32 paired; /* set on the client's entry when its server socket is inserted */
+	__u32 pad;
+};
+
 enum sockredir_counter {
 	SOCKREDIR_REDIRECTED = 0,  /* sk_msg found the peer and redirected (messages) */
 	SOCKREDIR_FALLBACK = 1,    /* sk_msg found no local peer: normal TCP stack */
@@ -38,7 +45,8 @@ enum sockredir_counter {
 	SOCKREDIR_UNPAIRED = 7,    /* server sockets whose client is not in the sockhash: not inserted */
 	SOCKREDIR_FLOW_CONTROL = 8, /* sockets moved back to TCP because the peer's queue was full */
 	SOCKREDIR_DROPPED = 9,     /* inserts refused because a map was full */
-	SOCKREDIR_NR_COUNTERS = 10,
+	SOCKREDIR_EVICTED = 10,    /* client sockets removed because no server socket ever paired */
+	SOCKREDIR_NR_COUNTERS = 11,
 };
 
 #endif

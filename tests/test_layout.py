@@ -6,6 +6,9 @@ packages (function-level and TYPE_CHECKING imports included), so each layer only
 from __future__ import annotations
 
 import ast
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -80,8 +83,17 @@ def test_cycle_finder_finds_a_cycle():
     assert find_cycle({"a": {"b"}, "b": set()}) is None
 
 
+def import_graph_fresh() -> dict[str, set[str]]:
+    """`import_graph()` computed in a fresh interpreter: CPython 3.11's `ast.parse` can raise
+    "AST constructor recursion depth mismatch" after other code in a long session left its recursion
+    counter off, which says nothing about the files parsed."""
+    code = "import json, tests.test_layout as t; print(json.dumps({k: sorted(v) for k, v in t.import_graph().items()}))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120, check=True)
+    return {k: set(v) for k, v in json.loads(out.stdout).items()}
+
+
 def test_no_import_cycles():
-    graph = import_graph()
+    graph = import_graph_fresh()
     assert "gpuinfra_contract.model" in graph and "components.stack_config" in graph
     assert find_cycle(graph) is None, " -> ".join(find_cycle(graph) or [])
 

@@ -102,6 +102,8 @@ class AgentCollector:
                 "not_allowed": "Client sockets on a configured port whose cgroup is not on the allow-list (left on TCP).",
                 "unpaired": "Server sockets whose client is not in the sockhash (remote or not allowed; left on TCP).",
                 "flow_control": "Sockets moved back to TCP because the peer's redirected queue reached its sk_rcvbuf.",
+                "evicted": "Client sockets removed from the sockhash at their first acknowledged TCP send because "
+                           "no local server socket ever paired with them (remote servers, kube-proxy ClusterIPs).",
             }
             for name, help_ in helps.items():
                 yield CounterMetricFamily(f"ebpf_sockmap_{name}", help_, value=c[name])
@@ -129,7 +131,9 @@ class AgentCollector:
                                     "CUDA uprobes (entry and return) currently attached.", value=u.probes)
         elif isinstance(u, TcpBackpressure):
             samples = CounterMetricFamily("ebpf_tcp_send_samples",
-                                          "TCP send-path observations, per cgroup.", labels=WORKLOAD_LABELS)
+                                          "TCP send-path observations, per cgroup. Covers the TCP stack only: sends "
+                                          "sockredir redirects never reach it (see ebpf_sockmap_redirected_bytes_total "
+                                          "and ebpf_sockmap_flow_control_total).", labels=WORKLOAD_LABELS)
             events = CounterMetricFamily(
                 "ebpf_tcp_send_backpressure",
                 "TCP send-path observations with the send queue above the threshold share of sk_sndbuf. "

@@ -13,7 +13,7 @@ import shutil
 
 log = logging.getLogger(__name__)
 
-BPF_FS_MAGIC = 0xCAFE4A11  # include/uapi/linux/magic.h
+BPF_FS_MAGIC = 0xCAFE4A11  # torvalds/linux include/uapi/linux/magic.h: #define BPF_FS_MAGIC 0xcafe4a11
 
 
 class PinDirError(RuntimeError):

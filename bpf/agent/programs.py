@@ -17,7 +17,7 @@ log = logging.getLogger(__name__)
 # sockredir.h
 SOCKREDIR_MAX_PORTS = 16
 SOCKREDIR_COUNTERS = ("redirected", "fallback", "errors", "inserted", "removed", "redirected_bytes",
-                      "not_allowed", "unpaired", "flow_control", "dropped")
+                      "not_allowed", "unpaired", "flow_control", "dropped", "evicted")
 SOCK_KEY = struct.Struct("=QIIHHI")  # struct sock_key: netns cookie, then network byte order
 
 # cudalat.h: call kind (attach cookie) -> (library kind, symbol)

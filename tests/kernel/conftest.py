@@ -136,7 +136,15 @@ STUB(cudaMalloc, void **p, size_t n)
 STUB(cudaMemcpyAsync, void *d, const void *s, size_t n, int kind, void *stream)
 STUB(cudaStreamSynchronize, void *stream)
 STUB(cuLaunchKernel, void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned shm, void *stream, void **args, void **extra)
+STUB(cudaGraphLaunch, void *exec, void *stream)
+/* What a --default-stream per-thread build calls: cuda_runtime_api.h maps cudaLaunchKernel and
+ * cudaGraphLaunch to __CUDART_API_PTSZ(api) = api##_ptsz, cuda.h maps cuLaunchKernel likewise. */
+STUB(cudaLaunchKernel_ptsz, const void *f, unsigned long long grid, unsigned long long block, void **args, size_t shm, void *stream)
+STUB(cudaGraphLaunch_ptsz, void *exec, void *stream)
+STUB(cuLaunchKernel_ptsz, void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned shm, void *stream, void **args, void **extra)
 """
+STUB_RUNTIME_SYMBOLS = 7  # of agent.programs.CUDA_CALLS, the libcudart ones the stub exports
+STUB_DRIVER_SYMBOLS = 2
 
 
 @pytest.fixture(scope="session")

@@ -16,7 +16,7 @@ import uuid
 
 import pytest
 
-from conftest import BPF_DIR, REPO, free_port
+from conftest import BPF_DIR, REPO, STUB_RUNTIME_SYMBOLS, free_port
 
 from agent.programs import CudaLat, SockRedir
 from test_agent import _get, _scrape
@@ -74,7 +74,7 @@ def test_cudalat_attaches_with_exactly_the_daemonsets_capabilities(bpf_build, cu
 
     caps = capabilities(("cudalat",), scan=False)
     got = _run_with_caps(caps, bpf_build, pin_dir, cuda_stubs["libcudart"])
-    assert got["loaded"] and got["probes"] == 8, (caps, got)
+    assert got["loaded"] and got["probes"] == 2 * STUB_RUNTIME_SYMBOLS, (caps, got)
 
 
 def test_cudalat_without_sys_admin_reports_not_loaded_with_the_reason(bpf_build, cuda_stubs, pin_dir):
@@ -212,7 +212,7 @@ def test_same_library_through_two_overlays_is_probed_once(bpf_build, two_overlay
                    libraries=(a, b), scan_proc=None)
     assert unit.start(), unit.error
     try:
-        assert unit.probes == 8, "4 runtime symbols x entry/return, once"
+        assert unit.probes == 2 * STUB_RUNTIME_SYMBOLS, "each runtime symbol x entry/return, once"
         ctypes.CDLL(b).cudaLaunchKernel(None, 1, 1, None, 0, None)
         cg = os.stat(test_cgroup).st_ino
         n = sum(sum(slots) for cgid, call, slots, _ in unit.histograms() if cgid == cg and call == "cudaLaunchKernel")

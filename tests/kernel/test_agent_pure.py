@@ -176,3 +176,18 @@ def test_build_id_identifies_a_library(tmp_path):
     if ro.returncode == 0:
         assert bid.hex() in ro.stdout
     assert identity(str(lib)) == (lib.stat().st_ino, bid)
+
+
+def test_missing_kernel_btf_is_a_clear_error_before_anything_is_touched(monkeypatch, tmp_path, caplog):
+    """Without /sys/kernel/btf/vmlinux no CO-RE object can be relocated: the agent says so once and
+    exits 2 before taking the lock, pinning or serving anything."""
+    import agent.__main__ as entry
+
+    monkeypatch.setattr(entry, "BTF", str(tmp_path / "no-btf"))
+    pins = tmp_path / "pins"
+    with caplog.at_level("ERROR"):
+        rc = entry.main(["--pin-dir", str(pins), "--metrics-port", "1", "--cuda-scan", "false"])
+    assert rc == 2
+    msgs = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert len(msgs) == 1 and "kernel BTF" in msgs[0] and "CONFIG_DEBUG_INFO_BTF=y" in msgs[0], msgs
+    assert not pins.exists()

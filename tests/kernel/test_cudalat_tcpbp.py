@@ -10,6 +10,8 @@ import threading
 import time
 
 
+from conftest import STUB_DRIVER_SYMBOLS, STUB_RUNTIME_SYMBOLS
+
 from agent.programs import CudaLat, TcpBackpressure
 
 N_CALLS = 1000
@@ -24,7 +26,7 @@ def test_uprobe_histogram_counts_every_call(bpf_build, cuda_stubs, test_cgroup, 
                    libraries=(cuda_stubs["libcudart"], cuda_stubs["libcuda"]), scan_proc=None)
     assert unit.start(), unit.error
     try:
-        assert unit.probes == 2 * 5, "entry+return probes for 4 runtime and 1 driver symbol"
+        assert unit.probes == 2 * (STUB_RUNTIME_SYMBOLS + STUB_DRIVER_SYMBOLS), "entry+return per exported symbol"
         rt, drv = ctypes.CDLL(cuda_stubs["libcudart"]), ctypes.CDLL(cuda_stubs["libcuda"])
         for _ in range(N_CALLS):
             rt.cudaLaunchKernel(None, 1, 1, None, 0, None)
@@ -38,6 +40,33 @@ def test_uprobe_histogram_counts_every_call(bpf_build, cuda_stubs, test_cgroup, 
         assert hist["cuLaunchKernel"][0] == 7, hist
         assert hist["cudaLaunchKernel"][1] > 0, hist
         assert "cudaStreamSynchronize" not in hist, hist
+    finally:
+        unit.stop()
+
+
+def test_graph_launch_and_ptsz_symbols_are_probed_and_counted_under_their_api(bpf_build, cuda_stubs, test_cgroup,
+                                                                              pin_dir):
+    """vLLM decodes through CUDA graphs (cudaGraphLaunch); per-thread-default-stream builds call the
+    _ptsz symbols (cuda_runtime_api.h: #define cudaLaunchKernel __CUDART_API_PTSZ(cudaLaunchKernel),
+    i.e. cudaLaunchKernel_ptsz, under CUDA_API_PER_THREAD_DEFAULT_STREAM). A _ptsz call counts under
+    the API's name, so dashboards need one selector."""
+    unit = CudaLat(name="cudalat", bpf_dir=bpf_build, pin_dir=pin_dir, unpin_on_exit=True,
+                   libraries=(cuda_stubs["libcudart"], cuda_stubs["libcuda"]), scan_proc=None)
+    assert unit.start(), unit.error
+    try:
+        rt, drv = ctypes.CDLL(cuda_stubs["libcudart"]), ctypes.CDLL(cuda_stubs["libcuda"])
+        for _ in range(3):
+            rt.cudaGraphLaunch(None, None)
+        for _ in range(5):
+            rt.cudaGraphLaunch_ptsz(None, None)
+            rt.cudaLaunchKernel_ptsz(None, 1, 1, None, 0, None)
+        drv.cuLaunchKernel_ptsz(None, 1, 1, 1, 1, 1, 1, 0, None, None, None)
+        cg = _cgroup_id(test_cgroup)
+        hist: dict[str, int] = {}
+        for cgid, call, slots, _ in unit.histograms():  # one entry per symbol; the exporter merges them
+            if cgid == cg:
+                hist[call] = hist.get(call, 0) + sum(slots)
+        assert hist == {"cudaGraphLaunch": 8, "cudaLaunchKernel": 5, "cuLaunchKernel": 1}, hist
     finally:
         unit.stop()
 
@@ -141,5 +170,95 @@ def test_gc_drops_entries_of_deleted_cgroups_only(bpf_build, cuda_stubs, cgroup2
         assert gc.run() == 1
         ids = {cg for cg, *_ in unit.histograms()}
         assert gone_id not in ids and live_id in ids, ids
+    finally:
+        unit.stop()
+
+
+def test_backpressure_sees_the_tcp_path_but_not_sends_sockredir_redirects(bpf_build, test_cgroup, pin_dir):
+    """The documented coverage of ebpf_tcp_send_*: a socket in the sockhash has sk_prot->sendmsg =
+    tcp_bpf_sendmsg (net/ipv4/tcp_bpf.c); a message it redirects goes tcp_bpf_sendmsg_redir ->
+    bpf_tcp_ingress into the peer's queue and never reaches tcp_sendmsg_locked, where the
+    tcp:tcp_sendmsg_locked tracepoint sits. Plain TCP on the same cgroup is sampled; redirected sends
+    show only in the sockmap counters (redirected, redirected_bytes)."""
+    from conftest import free_port
+
+    from agent.programs import SockRedir
+
+    port = free_port()
+    redir = SockRedir(name="sockredir", bpf_dir=bpf_build, pin_dir=pin_dir, unpin_on_exit=True, ports=(port,),
+                      cgroup_path=test_cgroup, allow_clients=("cgroup:/",))
+    bp = TcpBackpressure(name="tcpbp", bpf_dir=bpf_build, pin_dir=pin_dir, unpin_on_exit=True, mode="tracepoint")
+    assert redir.start(), redir.error
+    assert bp.start(), bp.error
+    cg = _cgroup_id(test_cgroup)
+
+    def exchange(p: int, n: int) -> None:
+        srv = socket.socket()
+        srv.bind(("127.0.0.1", p))
+        srv.listen(1)
+        with srv, socket.create_connection(("127.0.0.1", p), timeout=10) as c:
+            s, _ = srv.accept()
+            with s:
+                s.settimeout(10)
+                for _ in range(n):
+                    c.sendall(b"x" * 100)
+                    got = b""
+                    while len(got) < 100:
+                        got += s.recv(100 - len(got))
+
+    try:
+        s0, _ = _send_counts(bp, cg)
+        plain = free_port()
+        while plain == port:
+            plain = free_port()
+        exchange(plain, 50)  # not a configured port: plain TCP
+        s1, _ = _send_counts(bp, cg)
+        assert s1 - s0 >= 50, f"plain TCP sends not sampled: {s1 - s0}"
+        r0 = redir.counters()
+        exchange(port, 50)
+        s2, _ = _send_counts(bp, cg)
+        r1 = redir.counters()
+        assert r1["redirected"] - r0["redirected"] == 50, (r0, r1)
+        assert r1["redirected_bytes"] - r0["redirected_bytes"] == 5000, (r0, r1)
+        assert s2 == s1, f"{s2 - s1} samples from sends that sockredir redirected"
+    finally:
+        bp.stop()
+        redir.stop()
+
+
+def test_full_histogram_map_counts_dropped_events_and_exports_them(bpf_build, cuda_stubs, test_cgroup, pin_dir):
+    """cuda_call_enqueue_seconds holds 4,096 (cgroup, call) entries. Filled (here from user space with
+    keys of cgroups that do not exist), a call from a new cgroup cannot get a histogram: the program
+    counts it in cudalat_dropped, and /metrics shows ebpf_map_dropped_events_total{program="cudalat"}."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from agent.metrics import AgentCollector
+    from agent.programs import CUDA_HIST, CUDA_HIST_KEY
+
+    unit = CudaLat(name="cudalat", bpf_dir=bpf_build, pin_dir=pin_dir, unpin_on_exit=True,
+                   libraries=(cuda_stubs["libcudart"],), scan_proc=None)
+    assert unit.start(), unit.error
+    try:
+        hist = unit.obj.map("cuda_call_enqueue_seconds")
+        zero = bytes(CUDA_HIST.size)
+        fake = 1 << 62  # no cgroup has an id this large
+        for i in range(4096):
+            hist.update(CUDA_HIST_KEY.pack(fake + i, 0, 0), zero)
+        assert unit.dropped() == 0
+        rt = ctypes.CDLL(cuda_stubs["libcudart"])
+        for _ in range(3):
+            rt.cudaLaunchKernel(None, 1, 1, None, 0, None)
+        assert unit.dropped() == 3
+        assert _cgroup_id(test_cgroup) not in {cg for cg, *_ in unit.histograms()}
+
+        class NoNames:
+            def lookup(self, cgid):
+                from agent.cgroups import resolve
+                return resolve("/", {}, {})
+
+        reg = CollectorRegistry()
+        reg.register(AgentCollector([unit], NoNames()))
+        text = generate_latest(reg).decode()
+        assert 'ebpf_map_dropped_events_total{program="cudalat"} 3.0' in text, text[:2000]
     finally:
         unit.stop()

@@ -219,3 +219,72 @@ def test_stalled_reader_is_bounded_and_bytes_stay_in_order(bpf_build, test_cgrou
         s.close()
         listener.close()
         unit.stop()
+
+
+def _wait_for(pred, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(0.02)
+    return pred()
+
+
+def test_clusterip_client_without_a_local_pair_is_evicted_and_a_paired_one_stays(bpf_build, test_cgroup, pin_dir,
+                                                                                 make_netns):
+    """kube-proxy's ClusterIP: the client socket keeps the Service address as its peer while DNAT
+    sends the packets to the pod, so the server socket's swapped key never matches and the pair never
+    forms. nft DNAT in a namespace does what kube-proxy's iptables/nftables rules do. The client is
+    inserted at connect (nothing can tell yet) and must leave the sockhash once its data has gone
+    over TCP and been acknowledged; a direct same-node pair must stay accelerated."""
+    unit = _unit(bpf_build, pin_dir, test_cgroup, (SERVER_PORT,), ("cgroup:/",))
+    socks: list[socket.socket] = []
+    try:
+        ns = make_netns()
+        for cmd in ("addr add 10.0.0.1/32 dev lo", "route add 10.96.0.0/12 dev lo src 10.0.0.1"):
+            subprocess.run(["ip", "-n", ns, *cmd.split()], check=True, timeout=10)
+        _nft(ns, "add table ip gpuinfra_kp",
+             "add chain ip gpuinfra_kp output { type nat hook output priority -100 ; }",
+             f"add rule ip gpuinfra_kp output ip daddr 10.96.0.10 tcp dport {SERVER_PORT} "
+             f"dnat to 10.0.0.1:{SERVER_PORT}")
+        with in_netns(f"/run/netns/{ns}"):
+            listener = socket.socket()
+            listener.bind(("10.0.0.1", SERVER_PORT))
+            listener.listen(8)
+            via_service, direct = socket.socket(), socket.socket()
+        socks += [listener, via_service, direct]
+
+        via_service.connect(("10.96.0.10", SERVER_PORT))
+        s1, _ = listener.accept()
+        socks.append(s1)
+        assert via_service.getpeername() == ("10.96.0.10", SERVER_PORT)
+        mine = lambda c: any(k[1] == c.getsockname()[1] and k[3] == SERVER_PORT for k in unit.sockets())  # noqa: E731
+        assert mine(via_service), "the client is inserted at connect"
+        before = unit.counters()
+        via_service.sendall(b"request")
+        assert _recv_for(s1, 5) == b"request"
+        assert _wait_for(lambda: not mine(via_service)), "unpaired ClusterIP client still in the sockhash"
+        after = unit.counters()
+        assert after["evicted"] == before["evicted"] + 1, (before, after)
+        assert after["redirected"] == before["redirected"], "nothing of the ClusterIP flow was redirected"
+        s1.sendall(b"response")  # the evicted socket keeps working on plain TCP, both ways
+        assert _recv_for(via_service, 5) == b"response"
+        via_service.sendall(b"again")
+        assert _recv_for(s1, 5) == b"again"
+
+        direct.connect(("10.0.0.1", SERVER_PORT))
+        s2, _ = listener.accept()
+        socks.append(s2)
+        for _ in range(3):
+            direct.sendall(b"ping")
+            assert _recv_for(s2, 5) == b"ping"
+            s2.sendall(b"pong")
+            assert _recv_for(direct, 5) == b"pong"
+        time.sleep(0.2)
+        final = unit.counters()
+        assert mine(direct) and final["evicted"] == after["evicted"], "a paired client was evicted"
+        assert final["redirected"] >= after["redirected"] + 6, (after, final)
+    finally:
+        for s in socks:
+            s.close()
+        unit.stop()
