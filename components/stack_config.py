@@ -16,6 +16,7 @@ from pydantic import Field, model_validator
 
 from components.agent.config import SOCKREDIR_MAX_PORTS, EbpfAgentConfig
 from components.aws.config import AwsCluster, AwsGpuPool
+from components.aws.facts import DEFAULT_AMI_RELEASE
 from components.catalog import load_catalog
 from components.config_types import Base, Environment, allowed
 from components.existing.config import ExistingCluster, ExistingGpuPool
@@ -138,7 +139,7 @@ def _aws_ami_pinned(s: StackConfig) -> list[str]:
         return []
     return [
         f"clusters[{i}].karpenter.ami_alias: '{c.karpenter.ami_alias}' follows whatever AMI AWS "
-        f"recommends today; allowed in prod: a pinned release such as al2023@v20260512"
+        f"recommends today; allowed in prod: a pinned release such as al2023@{DEFAULT_AMI_RELEASE}"
         for i, c in enumerate(s.clusters)
         if isinstance(c, AwsCluster) and c.karpenter.ami_alias.endswith("@latest")
     ]

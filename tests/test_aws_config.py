@@ -122,3 +122,16 @@ def test_a_32_character_cluster_name_reaches_cilium_values():
     assert run.error is None, run.error
     (rel,) = [r for r in run.by_type("kubernetes:helm.sh/v3:Release") if r.inputs.get("chart") == "cilium"]
     assert rel.inputs["values"]["cluster"]["name"] == name, rel.urn
+
+
+def test_the_release_the_prod_latest_error_suggests_serves_every_version():
+    """The prod `@latest` error names a release to pin; that release must itself be accepted."""
+    import re
+
+    from components.aws.facts import ami_alias_problem
+    from components.config_types import K8S_VERSIONS
+
+    cfg = mutated("prod", _set("clusters[0].karpenter", {"ami_alias": "al2023@latest"}))
+    err = assert_config_error(run_program("prod", config=cfg, raise_errors=False), "prod-latest", ["clusters[0].karpenter.ami_alias"])
+    suggested = re.search(r"such as (al2023@v[0-9]{8})", err).group(1)
+    assert all(ami_alias_problem(suggested, v) is None for v in K8S_VERSIONS), suggested
