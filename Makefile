@@ -60,8 +60,9 @@ test: deps apt-deps e2e-deps
 policy-check: deps
 	$(PY) -m tools.policy_check $(STACK)
 
-bench: deps apt-deps
+bench: deps apt-deps e2e-deps
 	$(PY) bench/ebpf_sockmap_bench.py
+	$(PY) bench/e2e_vllm_agent_bench.py
 
 clean:
 	rm -rf out bpf/build .pytest_cache $(E2E_SKIP)
