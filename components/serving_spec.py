@@ -239,8 +239,9 @@ def vllm_container(m: ModelConfig, hf_secret: Optional[str]) -> dict[str, Any]:
             "successThreshold": 1,
             "failureThreshold": 2,
         },
-        # TCP, not /health: /health answers 503 while vLLM drains on SIGTERM, and a liveness kill
-        # mid-drain would cut the streams the drain exists to keep.
+        # TCP, not /health: /health answers 503 whenever the engine is dead, and a liveness kill
+        # cuts every open stream. (During the SIGTERM drain /health stays 200: vLLM 0.32's
+        # serve/instrumentator/health.py, measured in tests/e2e/test_drain.py.)
         "livenessProbe": {
             "tcpSocket": {"port": HTTP_PORT_NAME},
             "periodSeconds": 15,
