@@ -198,6 +198,17 @@ async def many(host: str, port: int, model: str, n: int, max_tokens: int, timeou
         for i in range(n))))
 
 
+def run(coro):
+    """Run `coro` on a private event loop. Unlike asyncio.run, this leaves the main thread's
+    current event loop as it was: the Pulumi program tests that run later in the same session
+    rely on it (asyncio.run would set it to None)."""
+    loop = asyncio.new_event_loop()
+    try:
+        return loop.run_until_complete(coro)
+    finally:
+        loop.close()
+
+
 _VOLATILE = re.compile(rb'("id":"cmpl-)([0-9a-f]+)(")|("created":)(\d+)')
 
 

@@ -56,6 +56,13 @@ async def _ready(url: str) -> int:
     return await asyncio.to_thread(lambda: engines.http_get(url, 1)[0])
 
 
+def _held(srv) -> float:
+    """vllm:num_requests_running + vllm:num_requests_waiting on the real /metrics."""
+    status, body = engines.http_get(f"{srv.url}/metrics", 2)
+    return sum(float(line.rsplit(" ", 1)[1]) for line in body.decode().splitlines()
+               if line.startswith(("vllm:num_requests_running{", "vllm:num_requests_waiting{"))) if status == 200 else 0.0
+
+
 def _watch_ready(url: str, t0: float, out: dict, stop: threading.Event) -> None:
     """In its own thread (the event loop is busy with 200 streams): when /ready first says 503."""
     while not stop.is_set() and time.monotonic() - t0 < 30:
@@ -82,13 +89,14 @@ def test_drain_cuts_no_stream(path, tiny, model, tmp_path):
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     ready_url = f"http://127.0.0.1:{ready_port}/ready"
     try:
-        result = asyncio.run(_scenario(srv, model, env, grace, settle, ready_url))
+        result = sse.run(_scenario(srv, model, env, grace, settle, ready_url))
     finally:
         sidecar.kill()
         sidecar.wait(10)
         srv.kill()
     streams, stragglers, late, r = result
     bad = [(i, s.outcome, s.error, s.raw[-200:]) for i, s in enumerate(streams + stragglers) if s.outcome != "complete"]
+    assert r["held_at_sigterm"] >= STRAGGLERS, f"{path}: only {r['held_at_sigterm']} requests in vLLM at SIGTERM"
     assert not bad, f"{path}: {len(bad)} of {len(streams) + len(stragglers)} streams not complete: {bad[:3]}"
     short = [s.completion_tokens for s in streams + stragglers if s.completion_tokens != r["max_tokens"]]
     assert not short, f"{path}: streams ended early (completion_tokens {short[:5]}, want {r['max_tokens']})"
@@ -147,7 +155,12 @@ async def _scenario(srv, model, env, grace, settle, ready_url):
     # finished by vLLM's drain mode within --shutdown-timeout.
     strag = [asyncio.ensure_future(sse.stream_completion(srv.host, srv.port, served, f"straggler {i}",
                                                          max_tokens, timeout=grace + 30)) for i in range(STRAGGLERS)]
-    await asyncio.sleep(0.3)
+    # SIGTERM only once vLLM holds all of them (its own running + waiting gauges), so they are
+    # in flight, not late, whatever the load on the machine.
+    deadline = time.monotonic() + 10
+    while (held := await asyncio.to_thread(_held, srv)) < STRAGGLERS and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    r["held_at_sigterm"] = held
     srv.sigterm()
     await asyncio.sleep(0.2)
     try:
