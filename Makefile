@@ -76,9 +76,10 @@ golden: deps
 policy-check: deps
 	$(PY) -m tools.policy_check $(STACK) $(if $(PREVIEW),--preview)
 
-bench: deps apt-deps
+bench: deps apt-deps e2e-deps
 	$(PY) bench/ebpf_sockmap_bench.py
 	$(PY) bench/router_bench.py
+	$(PY) bench/e2e_vllm_agent_bench.py
 
 clean:
 	rm -rf out bpf/build .pytest_cache $(POLICY_VENV) $(E2E_SKIP)

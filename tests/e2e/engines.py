@@ -98,7 +98,8 @@ class VllmServer:
         self.pid = self.proc.pid
 
     def log_tail(self, n: int = 4000) -> str:
-        self._log.flush()
+        if not self._log.closed:
+            self._log.flush()
         return self.log_path.read_bytes()[-n:].decode("utf-8", "replace")
 
     def wait_ready(self, timeout: float = START_TIMEOUT_S, probe=None) -> None:

@@ -40,6 +40,8 @@ class RenderedModel:
     vllm_env: dict[str, str]
     sidecar_env: dict[str, str]
     termination_grace_period_s: int
+    readiness_period_s: int
+    """The drain sidecar's readiness probe period: how often the kubelet sees /ready flip."""
     rules: list[dict[str, Any]]
     keda_queries: list[str]
     dashboard_exprs: list[str]
@@ -87,6 +89,7 @@ def rendered_model(stack: str = E2E_STACK) -> RenderedModel:
         name=model, namespace=namespace, job=svc.inputs["metadata"]["name"],
         vllm_args=list(vllm["args"]), vllm_env=_env(vllm), sidecar_env=_env(sidecar),
         termination_grace_period_s=int(pod["terminationGracePeriodSeconds"]),
+        readiness_period_s=int(sidecar["readinessProbe"]["periodSeconds"]),
         rules=[r for g in rule.inputs["spec"]["groups"] for r in g["rules"]],
         keda_queries=[t["metadata"]["query"] for t in scaled.inputs["spec"]["triggers"]],
         dashboard_exprs=[t["expr"] for p in board["panels"] for t in p["targets"]],

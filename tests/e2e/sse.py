@@ -13,6 +13,8 @@ import json
 import re
 import time
 from dataclasses import dataclass, field
+import base64
+import sys
 from typing import Optional
 
 COMPLETIONS = "/v1/completions"
@@ -196,6 +198,17 @@ async def many(host: str, port: int, model: str, n: int, max_tokens: int, timeou
         for i in range(n))))
 
 
+def run(coro):
+    """Run `coro` on a private event loop. Unlike asyncio.run, this leaves the main thread's
+    current event loop as it was: the Pulumi program tests that run later in the same session
+    rely on it (asyncio.run would set it to None)."""
+    loop = asyncio.new_event_loop()
+    try:
+        return loop.run_until_complete(coro)
+    finally:
+        loop.close()
+
+
 _VOLATILE = re.compile(rb'("id":"cmpl-)([0-9a-f]+)(")|("created":)(\d+)')
 
 
@@ -207,3 +220,25 @@ def normalized(raw_body: bytes) -> bytes:
             return m.group(1) + b"x" * len(m.group(2)) + m.group(3)
         return m.group(4) + b"0" * len(m.group(5))
     return _VOLATILE.sub(blank, raw_body)
+
+
+async def _run_cli(host: str, port: int, model: str, n: int, max_tokens: int, concurrency: int) -> list[dict]:
+    sem = asyncio.Semaphore(concurrency)
+
+    async def one(i: int) -> Stream:
+        async with sem:
+            return await stream_completion(host, port, model, f"gpu spot node {i % 7}", max_tokens, timeout=120)
+
+    out = []
+    for s in await asyncio.gather(*(one(i) for i in range(n))):
+        out.append({"outcome": s.outcome, "status": s.status, "error": s.error, "ttft": s.ttft, "itls": s.itls,
+                    "completion_tokens": s.completion_tokens, "finish_reason": s.finish_reason,
+                    "body": base64.b64encode(s.body).decode(), "raw_len": len(s.raw)})
+    return out
+
+
+if __name__ == "__main__":
+    # python -m tests.e2e.sse HOST PORT MODEL N MAX_TOKENS CONCURRENCY: run inside a test pod
+    # (network namespace + cgroup) and print the streams as JSON.
+    h, p, m, n, t, c = sys.argv[1:7]
+    print(json.dumps(asyncio.run(_run_cli(h, int(p), m, int(n), int(t), int(c)))))

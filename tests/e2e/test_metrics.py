@@ -1,10 +1,10 @@
 """Real /metrics against the project's queries, and `promtool test rules` on the rendered
 PrometheusRule and KEDA queries over series scraped from the real server and drain sidecar.
 
-Target labels: a ServiceMonitor scrape adds `namespace`, `service`, `pod`, `container`,
-`endpoint`, `job` (the Service name) and `instance` to every series (prometheus-operator,
-Documentation/user-guides/getting-started.md, "Related resources" / the generated relabelings in
-pkg/prometheus/promcfg.go); vLLM exports the rest (`engine`, `model_name`, `le`).
+Target labels: a ServiceMonitor scrape adds `namespace`, `service`, `pod`, `container` (the
+relabelings prometheus-operator generates for a ServiceMonitor, pkg/prometheus/promcfg.go), `job`
+(the Service name unless `jobLabel` is set, same file), `endpoint` (the port name) and Prometheus'
+own `instance`; vLLM exports the rest (`engine`, `model_name`, `le`).
 Upstream rule-test format: prometheus/prometheus docs/configuration/unit_testing_rules.md (2.42).
 """
 
@@ -52,7 +52,7 @@ def loaded(server, model):
             peak.append(scrape(f"{server.url}/metrics"))
             await asyncio.sleep(0.3)
         return await load, peak
-    streams, during = asyncio.run(run())
+    streams, during = sse.run(run())
     assert {s.outcome for s in streams} == {"complete"}
     waiting = max(s.value for samples in during for s in samples if s.name == "vllm:num_requests_waiting")
     return scrape(f"{server.url}/metrics"), waiting

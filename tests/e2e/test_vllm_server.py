@@ -6,7 +6,6 @@ existence in both releases is checked statically in tests/test_vllm_upstream.py;
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 from tests.e2e import engines, sse
@@ -34,7 +33,7 @@ def test_server_runs_the_rendered_engine_config(server, model):
 
 
 def test_streaming_completion_is_well_formed(server, model):
-    s = asyncio.run(sse.stream_completion(server.host, server.port, model.served_name,
+    s = sse.run(sse.stream_completion(server.host, server.port, model.served_name,
                                           "gpu spot node", 24, timeout=60))
     assert s.outcome == "complete", (s.outcome, s.error, s.raw[:500])
     assert s.finish_reason == "length"
