@@ -133,8 +133,10 @@ def scrape(port: int) -> dict[str, float]:
 
 
 @contextlib.contextmanager
-def agent(cgroup: str, ports: list[int], log_path: Path) -> Iterator[int]:
-    """The real agent (sockredir only) attached to `cgroup`; yields its metrics port."""
+def agent(cgroup: str, ports: list[int], log_path: Path, allow_clients: str = "cgroup:client") -> Iterator[int]:
+    """The real agent (sockredir only) attached to `cgroup`; yields its metrics port. Only the
+    client pod's sockets may be accelerated (`--allow-clients`, relative to `cgroup`), as the
+    DaemonSet allows only the serving namespace's pods."""
     r = subprocess.run(["make", "-C", str(BPF_DIR)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, f"bpf build failed:\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}"
     tag = uuid.uuid4().hex[:8]
@@ -142,7 +144,7 @@ def agent(cgroup: str, ports: list[int], log_path: Path) -> Iterator[int]:
     cmd = [sys.executable, "-m", "agent", "--programs", "sockredir", "--cgroup-path", cgroup,
            "--pin-dir", f"/sys/fs/bpf/gpuinfra-e2e-{tag}", "--unpin-on-exit", "true",
            "--metrics-addr", "127.0.0.1", "--metrics-port", str(mport), "--cuda-scan", "false",
-           "--ports", ",".join(map(str, ports))]
+           "--ports", ",".join(map(str, ports)), "--allow-clients", allow_clients]
     log = open(log_path, "wb")
     proc = subprocess.Popen(cmd, cwd=str(BPF_DIR), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:

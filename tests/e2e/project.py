@@ -19,7 +19,7 @@ from components.config_types import AWS_SPOT_NOTICE_S, GKE_DEFAULT_SPOT_NOTICE_S
 from components.gcp.config import pod_shutdown_grace_s
 from components.serving.alerts import CUDA_METRIC, DRAIN_METRIC  # noqa: F401 - re-exported for the tests
 from components.serving.vllm_args import HOST, parse_args
-from tools.offline import ROOT, run_program
+from tools.offline import ROOT, run_program, stack_config
 
 DRAIN_PY = ROOT / "components" / "serving" / "runtime" / "drain.py"
 BPF_DIR = ROOT / "bpf"
@@ -64,10 +64,31 @@ def _env(container: dict[str, Any]) -> dict[str, str]:
     return {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
 
 
+E2E_QUEUED_REQUESTS = 192
+"""A waiting queue behind the dev model's 64 slots, so 200 streams plus the drain test's stragglers
+are all admitted (and some of them wait)."""
+
+
+def e2e_config(stack: str = E2E_STACK) -> dict[str, Any]:
+    """`stack`'s config with its GPU pools on-demand and the first model's waiting queue at
+    E2E_QUEUED_REQUESTS. As committed, the dev model sits on a spot pool with no waiting queue: a
+    queued request would outlast the spot notice (components/stack_config.py, worst_drain_s), so
+    vLLM refuses what its 64 slots cannot take (`--max-num-queued-reqs`). The drain and queue tests
+    need 200+ requests admitted at once, which only an on-demand placement may queue. Every flag
+    is still rendered by the program; only these two config values differ."""
+    cfg = json.loads(json.dumps(stack_config(stack)))
+    project = "gpu-inference-platform"
+    for cluster in cfg[f"{project}:clusters"]:
+        for pool in cluster["gpu_pools"]:
+            pool["capacity"] = "on-demand"
+    cfg[f"{project}:models"][0].setdefault("engine", {})["max_queued_requests"] = E2E_QUEUED_REQUESTS
+    return cfg
+
+
 @lru_cache(maxsize=None)
 def rendered_model(stack: str = E2E_STACK) -> RenderedModel:
-    """The first model of `stack`, as the real program renders it."""
-    run = run_program(stack)
+    """The first model of `stack` (in its e2e variant, `e2e_config`), as the real program renders it."""
+    run = run_program(stack, config=e2e_config(stack))
     dep = next(r for r in run.by_type("kubernetes:apps/v1:Deployment")
                if any(c["name"] == "vllm" for c in r.inputs["spec"]["template"]["spec"]["containers"]))
     pod = dep.inputs["spec"]["template"]["spec"]
