@@ -3,7 +3,9 @@
  * Same-node socket redirection (Merbridge pattern), restricted to the pairs the platform intends.
  *
  * sock_ops inserts an established TCP socket into a SOCKHASH keyed by its own tuple (network byte
- * order) plus its network namespace cookie, but only:
+ * order), plus its network namespace cookie when the tuple is loopback (127.0.0.0/8 exists in
+ * every pod; pod addresses are unique on a node, and the two pods of a pair sit in different
+ * namespaces, so their keys carry no cookie), but only:
  *  - a client socket (remote port selected) whose cgroup, or one of its ancestors, is in the
  *    allow-list map the agent fills from config (sockredir_allow);
  *  - a server socket (local port selected) whose client is already in the sockhash, so that a
@@ -12,7 +14,7 @@
  * A client whose server socket never pairs (its peer is not a local socket: a remote server, or a
  * kube-proxy ClusterIP whose DNAT the client socket never sees) is evicted from the sockhash at
  * its first RTT sample: its data went over TCP and was acknowledged, so no pair can form any more.
- * sk_msg looks up the PEER's key (the same tuple swapped, same netns) and redirects the payload
+ * sk_msg looks up the PEER's key (the same tuple swapped; same netns for loopback) and redirects the payload
  * straight into the peer's receive queue, unless the peer's queue already holds its sk_rcvbuf
  * worth of redirected bytes: then this socket goes back to the TCP path for good (TCP's own
  * window then throttles the sender). sk_msg always returns SK_PASS: on a miss the message takes
@@ -143,6 +145,12 @@ static __always_inline int ip4_of(__u32 family, __u32 ip4, __u32 w0, __u32 w1, _
 		rport = (__u16)bpf_ntohl((ctx)->remote_port);			\
 	} while (0)
 
+/* 127.0.0.0/8, from an address in network byte order. */
+static __always_inline bool is_loopback4(__u32 ip)
+{
+	return (bpf_ntohl(ip) >> 24) == 127;
+}
+
 /* Fills this socket's own key (swap=false) or its peer's key (swap=true). */
 static __always_inline int make_key(__u32 fam, __u32 l4, __u32 r4, __u32 *l6, __u32 *r6,
 				    __u16 lport, __u16 rport, bool swap, __u64 netns,
@@ -153,7 +161,9 @@ static __always_inline int make_key(__u32 fam, __u32 l4, __u32 r4, __u32 *l6, __
 	if (ip4_of(fam, l4, l6[0], l6[1], l6[2], l6[3], &lip) ||
 	    ip4_of(fam, r4, r6[0], r6[1], r6[2], r6[3], &rip))
 		return -1;
-	key->netns_cookie = netns;
+	/* Loopback addresses repeat in every network namespace; pod addresses are unique on a node
+	 * and the two ends of a pod-to-pod connection sit in different namespaces. */
+	key->netns_cookie = (is_loopback4(lip) || is_loopback4(rip)) ? netns : 0;
 	key->local_ip4 = swap ? rip : lip;
 	key->remote_ip4 = swap ? lip : rip;
 	key->local_port = bpf_htons(swap ? rport : lport);
@@ -338,7 +348,7 @@ int sockredir_skmsg(struct sk_msg_md *msg)
 	__u8 one = 1;
 
 	READ_TUPLE(msg, fam, l4, r4, l6, r6, lport, rport);
-	/* The peer's key is this socket's tuple swapped, in the same network namespace. */
+	/* The peer's key is this socket's tuple swapped (in the same network namespace for loopback). */
 	if (make_key(fam, l4, r4, l6, r6, lport, rport, false, netns, &self) ||
 	    make_key(fam, l4, r4, l6, r6, lport, rport, true, netns, &peer)) {
 		count(SOCKREDIR_ERROR);

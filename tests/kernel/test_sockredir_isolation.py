@@ -178,6 +178,55 @@ def test_allowed_pair_is_accelerated_and_bypasses_netfilter_as_documented(
         unit.stop()
 
 
+def _veth(a: str, b: str, net: str) -> tuple[str, str]:
+    """A veth pair between namespaces a and b in a /30 of the benchmark range 198.18.0.0/15 (as a
+    node's pods are joined through the host); returns (a's address, b's address)."""
+    tag = uuid.uuid4().hex[:6]
+    subprocess.run(["ip", "link", "add", f"va{tag}", "netns", a, "type", "veth", "peer", "name", f"vb{tag}",
+                    "netns", b], check=True, timeout=10)
+    for ns, dev, ip in ((a, f"va{tag}", f"{net}.1"), (b, f"vb{tag}", f"{net}.2")):
+        subprocess.run(["ip", "-n", ns, "addr", "add", f"{ip}/30", "dev", dev], check=True, timeout=10)
+        subprocess.run(["ip", "-n", ns, "link", "set", dev, "up"], check=True, timeout=10)
+    return f"{net}.1", f"{net}.2"
+
+
+def test_two_pods_in_their_own_namespaces_are_accelerated(bpf_build, test_cgroup, pin_dir, make_netns, child_cgroups):
+    """Pods on one node each have a network namespace; their connection crosses namespaces over
+    the node's veths with addresses unique on the node. The netns cookie that keeps loopback
+    tuples apart must not enter these keys, or the peer lookup never matches."""
+    allowed = child_cgroups("allowed")
+    unit = _unit(bpf_build, pin_dir, test_cgroup, (SERVER_PORT,), ("cgroup:allowed",))
+    socks: list[socket.socket] = []
+    try:
+        client_ns, server_ns = make_netns(), make_netns()
+        client_ip, server_ip = _veth(client_ns, server_ns, f"198.19.{uuid.uuid4().int % 250}")
+        with in_netns(f"/run/netns/{server_ns}"):
+            listener = socket.socket()
+            listener.bind((server_ip, SERVER_PORT))
+            listener.listen(8)
+        socks.append(listener)
+        with _in_cgroup(allowed), in_netns(f"/run/netns/{client_ns}"):
+            c = socket.socket()
+        socks.append(c)
+        c.settimeout(5)
+        c.connect((server_ip, SERVER_PORT))
+        s, peer = listener.accept()
+        socks.append(s)
+        assert peer[0] == client_ip
+        assert _wait_for(lambda: len(unit.sockets()) == 2), unit.sockets()
+        before = unit.counters()
+        for i in range(20):
+            payload = f"token {i}\n".encode()
+            c.sendall(payload)
+            assert _recv_for(s, 5) == payload
+        after = unit.counters()
+        assert after["redirected"] >= before["redirected"] + 20, (before, after)
+    finally:
+        for x in socks:
+            x.close()
+        unit.stop()
+
+
 PATTERN = bytes(range(251)) * (1 << 18)  # ~64 MiB; 251 is prime, so a reordering shows
 
 
