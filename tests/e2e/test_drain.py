@@ -128,7 +128,10 @@ async def _scenario(srv, model, env, grace, settle, ready_url):
     # Size the work so that, at the rate just measured, it outlasts the settle time (the preStop
     # then really waits on the queue metric) by a third of what the grace leaves, at most 4 s
     # (2 cores are shared with other jobs; the paths' graces differ 8x).
-    work_s = settle + min(max(grace - settle, 1) / 3, 4)
+    # The preStop trusts an idle queue only after IDLE_SAMPLES consecutive polls (drain.py), which
+    # the grace must also hold.
+    confirm = float(env.get("IDLE_SAMPLES", "1")) * float(env.get("POLL_INTERVAL_S", "1"))
+    work_s = settle + min(max(grace - settle - confirm, 1) / 3, 4)
     r["max_tokens"] = max_tokens = int(min(max(tps * work_s / STREAMS, 16), 512))
     r["ready_before_prestop"] = await _ready(ready_url)
     tasks = [asyncio.ensure_future(sse.stream_completion(srv.host, srv.port, served, f"drain {i} gpu node",

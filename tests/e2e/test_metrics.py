@@ -190,13 +190,21 @@ def test_promtool_rules_fire_on_real_series_and_keda_queries_evaluate(loaded, si
         {"series": _fmt(DRAIN_METRIC, {**s.labels, "namespace": ns, "job": job, "pod": pod}), "values": f"{s.value:g}x5"}
         for s in drain], "alert_rule_test": [_alert_test(r, {"pod": pod}, "2m")]})
 
-    # KEDA: the rendered trigger queries over two replicas' real series.
+    # KEDA: the rendered trigger queries over two replicas' real series: the load trigger
+    # (running + waiting) and the queue trigger (waiting) each evaluate to their sum.
+    per_replica = {"vllm:num_requests_running": (2, 3), "vllm:num_requests_waiting": (1, 1)}
     two = []
-    for i, v in enumerate((3, 4)):
-        for l in waiting:
-            two.append({"series": _fmt("vllm:num_requests_waiting", {**l, "pod": f"{job}-6d5f7c8b9-pod{i}a"}), "values": f"{v}x5"})
+    for name, values in per_replica.items():
+        for i, v in enumerate(values):
+            for l in _series(samples, name, job, ns):
+                two.append({"series": _fmt(name, {**l, "pod": f"{job}-6d5f7c8b9-pod{i}a"}), "values": f"{v}x5"})
+
+    def keda_value(q: str) -> int:
+        return sum(sum(v) for name, v in per_replica.items() if name in q)
+
+    assert len(model.keda_queries) >= 2 and {keda_value(q) for q in model.keda_queries} == {7, 2}, model.keda_queries
     tests.append({"interval": "1m", "input_series": two, "promql_expr_test": [
-        {"expr": q, "eval_time": "2m", "exp_samples": [{"labels": "{}", "value": 7}]} for q in model.keda_queries]})
+        {"expr": q, "eval_time": "2m", "exp_samples": [{"labels": "{}", "value": keda_value(q)}]} for q in model.keda_queries]})
 
     (tmp_path / "rules.yaml").write_text(yaml.safe_dump({"groups": [{"name": "rendered", "rules": model.rules}]}))
     (tmp_path / "test.yaml").write_text(yaml.safe_dump(
