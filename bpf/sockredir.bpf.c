@@ -3,7 +3,9 @@
  * Same-node socket redirection (Merbridge pattern), restricted to the pairs the platform intends.
  *
  * sock_ops inserts an established TCP socket into a SOCKHASH keyed by its own tuple (network byte
- * order) plus its network namespace cookie, but only:
+ * order), plus its network namespace cookie when the tuple is loopback (two pods may both use
+ * 127.0.0.1:<p>; pod IPs are unique on a node, so a pod-to-pod pair across two namespaces keys
+ * without it), but only:
  *  - a client socket (remote port selected) whose cgroup, or one of its ancestors, is in the
  *    allow-list map the agent fills from config (sockredir_allow);
  *  - a server socket (local port selected) whose client is already in the sockhash, so that a
@@ -12,8 +14,8 @@
  * A client whose server socket never pairs (its peer is not a local socket: a remote server, or a
  * kube-proxy ClusterIP whose DNAT the client socket never sees) is evicted from the sockhash at
  * its first RTT sample: its data went over TCP and was acknowledged, so no pair can form any more.
- * sk_msg looks up the PEER's key (the same tuple swapped, same netns) and redirects the payload
- * straight into the peer's receive queue, unless the peer's queue already holds its sk_rcvbuf
+ * sk_msg looks up the PEER's key (the same tuple swapped; same netns if loopback) and redirects
+ * the payload straight into the peer's receive queue, unless the peer's queue already holds its sk_rcvbuf
  * worth of redirected bytes: then this socket goes back to the TCP path for good (TCP's own
  * window then throttles the sender). sk_msg always returns SK_PASS: on a miss the message takes
  * the normal TCP path.
@@ -120,6 +122,11 @@ static __always_inline int ip4_of(__u32 family, __u32 ip4, __u32 w0, __u32 w1, _
 	return -1;
 }
 
+static __always_inline bool is_loopback(__u32 ip4)
+{
+	return (ip4 & bpf_htonl(0xff000000)) == bpf_htonl(0x7f000000);
+}
+
 /*
  * Every context field is read unconditionally at a constant offset: the verifier rejects
  * context loads through a computed pointer, which clang emits when it merges conditional loads.
@@ -153,7 +160,9 @@ static __always_inline int make_key(__u32 fam, __u32 l4, __u32 r4, __u32 *l6, __
 	if (ip4_of(fam, l4, l6[0], l6[1], l6[2], l6[3], &lip) ||
 	    ip4_of(fam, r4, r6[0], r6[1], r6[2], r6[3], &rip))
 		return -1;
-	key->netns_cookie = netns;
+	/* Pod IPs are unique on a node, so only loopback tuples need the namespace to tell two pods
+	 * apart; a pod-to-pod pair spans two namespaces and must key without it to pair. */
+	key->netns_cookie = (is_loopback(lip) || is_loopback(rip)) ? netns : 0;
 	key->local_ip4 = swap ? rip : lip;
 	key->remote_ip4 = swap ? lip : rip;
 	key->local_port = bpf_htons(swap ? rport : lport);

@@ -16,7 +16,8 @@ struct sockredir_cfg {
 /*
  * One TCP connection as seen from one socket. The addresses and ports are in network byte order;
  * netns_cookie (bpf_get_netns_cookie) keeps two pods that both talk over 127.0.0.1 with the same
- * ports apart.
+ * ports apart; it is 0 for any other tuple (pod IPs are unique on a node, and a pod-to-pod pair
+ * spans two namespaces).
  */
 struct sock_key {
 	__u64 netns_cookie;

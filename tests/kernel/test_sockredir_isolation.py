@@ -178,6 +178,46 @@ def test_allowed_pair_is_accelerated_and_bypasses_netfilter_as_documented(
         unit.stop()
 
 
+def test_pods_in_two_namespaces_pair_over_their_pod_ips(bpf_build, test_cgroup, pin_dir, make_netns, child_cgroups):
+    """On a node every pod has its own network namespace: a router pod reaching a replica pod's IP
+    is a pair across two namespaces (here joined by a veth, as the CNI joins each pod to the node).
+    Pod IPs are unique on the node, so that pair must key without the namespace and be accelerated;
+    only loopback tuples need the namespace (the cross-talk test above)."""
+    allowed = child_cgroups("allowed")
+    unit = _unit(bpf_build, pin_dir, test_cgroup, (SERVER_PORT,), ("cgroup:allowed",))
+    socks: list[socket.socket] = []
+    try:
+        a, b = make_netns(), make_netns()
+        tag = uuid.uuid4().hex[:8]
+        subprocess.run(["ip", "link", "add", f"ka{tag}", "netns", a, "type", "veth", "peer", "name", f"kb{tag}",
+                        "netns", b], check=True, timeout=10)
+        for ns, dev, ip in ((a, f"ka{tag}", "198.18.200.1"), (b, f"kb{tag}", "198.18.200.2")):
+            subprocess.run(["ip", "-n", ns, "addr", "add", f"{ip}/30", "dev", dev], check=True, timeout=10)
+            subprocess.run(["ip", "-n", ns, "link", "set", dev, "up"], check=True, timeout=10)
+        with in_netns(f"/run/netns/{b}"):
+            listener = socket.socket()
+            listener.bind(("198.18.200.2", SERVER_PORT))
+            listener.listen(8)
+        socks.append(listener)
+        with _in_cgroup(allowed), in_netns(f"/run/netns/{a}"):
+            c = socket.socket()
+        socks.append(c)
+        c.connect(("198.18.200.2", SERVER_PORT))
+        s, _ = listener.accept()
+        socks.append(s)
+        assert len(unit.sockets()) == 2, (unit.sockets(), unit.counters())
+        before = unit.counters()["redirected"]
+        c.sendall(b"request")
+        assert _recv_for(s, 5) == b"request"
+        s.sendall(b"first token")
+        assert _recv_for(c, 5) == b"first token"
+        assert unit.counters()["redirected"] == before + 2, unit.counters()
+    finally:
+        for x in socks:
+            x.close()
+        unit.stop()
+
+
 PATTERN = bytes(range(251)) * (1 << 18)  # ~64 MiB; 251 is prime, so a reordering shows
 
 
