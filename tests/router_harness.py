@@ -172,7 +172,10 @@ class Reply:
 
 def complete(base: str, model: str, rid: str, max_tokens: int = 5, timeout: float = 30, served: str = "tiny") -> Reply:
     """POST a streaming completion through the router and read the SSE stream to its end."""
-    body = json.dumps({"model": served, "prompt": "hi", "max_tokens": max_tokens, "stream": True, "user": rid}).encode()
+    # ignore_eos (a vLLM sampling extension): a random-weight test model may sample EOS at any
+    # step, and the tests rely on max_tokens fixing how long a stream holds its replica.
+    body = json.dumps({"model": served, "prompt": "hi", "max_tokens": max_tokens, "stream": True, "user": rid,
+                       "ignore_eos": True}).encode()
     req = urllib.request.Request(f"{base}/{model}/v1/completions", data=body, method="POST",
                                  headers={"Content-Type": "application/json"})
     chunks: list[str] = []
