@@ -14,7 +14,6 @@ Addresses are 198.18.0.0/15 (RFC 2544 benchmarking), only inside the namespaces 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import random
 import shutil
@@ -29,22 +28,13 @@ from typing import Iterator, Optional
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2e import engines
+from tests.kernel_env import kernel_skip_reason as shared_skip_reason
 from tests.e2e.project import BPF_DIR
 
 
 def kernel_skip_reason() -> Optional[str]:
-    if os.geteuid() != 0:
-        return "the agent path needs root (netns, cgroups, CAP_BPF)"
-    for tool in ("clang", "bpftool", "make", "ip"):
-        if shutil.which(tool) is None:
-            return f"the agent path needs {tool}: apt-get install -y $(cat bpf/apt-packages.txt)"
-    if not os.path.exists("/sys/kernel/btf/vmlinux"):
-        return "the agent path needs kernel BTF at /sys/kernel/btf/vmlinux"
-    try:
-        ctypes.CDLL("libbpf.so.1")
-    except OSError:
-        return "the agent path needs libbpf.so.1 (apt-get install -y libbpf1)"
-    return None
+    return shared_skip_reason("the agent path needs", tools=("clang", "bpftool", "make", "ip"),
+                              root_for="netns, cgroups, CAP_BPF")
 
 
 def _sh(*argv: str, timeout: float = 30) -> None:

@@ -14,6 +14,8 @@ import uuid
 
 import pytest
 
+from tests.kernel_env import kernel_skip_reason as shared_skip_reason
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BPF_DIR = os.path.join(REPO, "bpf")
 BUILD_DIR = os.path.join(BPF_DIR, "build")
@@ -22,18 +24,7 @@ if BPF_DIR not in sys.path:
 
 
 def kernel_skip_reason() -> str | None:
-    if os.geteuid() != 0:
-        return "kernel eBPF tests need root (CAP_BPF, CAP_NET_ADMIN, CAP_PERFMON)"
-    for tool in ("clang", "bpftool", "make"):
-        if shutil.which(tool) is None:
-            return f"kernel eBPF tests need {tool}: apt-get install -y $(cat bpf/apt-packages.txt)"
-    if not os.path.exists("/sys/kernel/btf/vmlinux"):
-        return "kernel eBPF tests need kernel BTF at /sys/kernel/btf/vmlinux"
-    try:
-        ctypes.CDLL("libbpf.so.1")
-    except OSError:
-        return "kernel eBPF tests need libbpf.so.1 (apt-get install -y libbpf1)"
-    return None
+    return shared_skip_reason("kernel eBPF tests need")
 
 
 @pytest.fixture(scope="session")
