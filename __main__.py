@@ -9,7 +9,7 @@ import pulumi
 from components.config_loader import load_stack_config
 from components.contract import contract_outputs
 from components.cost import cost_output, estimate_stack_cost
-from components.platform.build import build_platform
+from components.wiring import build_platform
 
 loaded = load_stack_config()
 layers = build_platform(loaded)

@@ -36,8 +36,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from components.router.nginx_conf import Route  # noqa: E402
-from components.router.runtime.watcher import Upstream  # noqa: E402
-from components.router.runtime.watcher import Endpoint, render_upstream  # noqa: E402
+from runtime.watcher import Upstream  # noqa: E402
+from runtime.watcher import Endpoint, render_upstream  # noqa: E402
 from tests.router_harness import (NGINX, NODE, UPSTREAM_SCRIPT, free_port, render, slices_for,  # noqa: E402
                                   start_replica, start_router, stop_replicas)
 

@@ -40,7 +40,7 @@ from policies.scope import ClusterScope, gpu_models_for_pod
 
 K8S_DEFAULT_TGPS = 30
 PRESTOP_ENV = "PRESTOP_TIMEOUT_S"
-"""The env var the preStop drain hook (components/serving/runtime) reads its budget from."""
+"""The env var the preStop drain hook (runtime/) reads its budget from."""
 
 # ---- kubernetes-serving-deployment-termination-grace -----------------------------------------
 

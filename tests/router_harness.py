@@ -21,7 +21,7 @@ from typing import Any, Optional
 import pytest
 
 from components.router.nginx_conf import NginxSettings, Route, render_nginx_conf
-from components.router.runtime import watcher
+from runtime import watcher
 
 NGINX = shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
 needs_nginx = pytest.mark.skipif(

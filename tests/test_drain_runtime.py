@@ -32,7 +32,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-DRAIN = ROOT / "components" / "serving" / "runtime" / "drain.py"
+DRAIN = ROOT / "runtime" / "drain.py"
 sys.path.insert(0, str(DRAIN.parent))
 import deadline_http  # noqa: E402  (the runtime is stdlib scripts, not a package)
 import disruption  # noqa: E402

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("components", "gpuinfra_contract", "policies", "tools")
+PACKAGES = ("components", "gpuinfra_contract", "policies", "tools", "runtime")
 DOMAINS = ("aws", "gcp", "existing", "serving", "agent", "platform", "router")
 MAX_LINES = 450
 """~400 lines, with room for the drain runtime, which ships to pods as one stdlib script."""
@@ -122,3 +122,14 @@ def test_main_stays_short():
     body = ast.parse((ROOT / "__main__.py").read_text()).body
     assert len(body) <= 12, f"__main__.py has {len(body)} statements"
     assert len(code) <= 25, code
+
+
+def test_platform_layer_imports_no_domain():
+    """components/platform/ is below the domains (they import its ClusterHandle); only the wiring
+    (components/wiring.py) imports the domains, so no arrow in components/ runs back up (issue 25)."""
+    graph = import_graph_fresh()
+    upward = {m: sorted(d for d in deps if d.split(".")[:2][-1] in DOMAINS and not d.startswith("components.platform"))
+              for m, deps in graph.items() if m.startswith("components.platform")}
+    assert not {m: d for m, d in upward.items() if d}, upward
+    importers = {m for m, deps in graph.items() if "components.wiring" in deps}
+    assert importers <= {"__main__"}, importers

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from components.router.nginx_conf import Route
-from components.router.runtime.watcher import Upstream
+from runtime.watcher import Upstream
 from tests.router_harness import (
     NODE,
     complete,

@@ -13,7 +13,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
-from components.router.runtime import watcher
+from runtime import watcher
 from tests.router_harness import NGINX, needs_nginx
 from tests.support import SCHEMA_VERSION, assert_config_error, manifest, validate_core_objects
 from tools.offline import PROJECT, ProgramRun, parsed_config, run_program, stack_config

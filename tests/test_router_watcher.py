@@ -1,4 +1,4 @@
-"""The endpoint watcher (components/router/runtime/watcher.py) against an EndpointSlice list + watch
+"""The endpoint watcher (runtime/watcher.py) against an EndpointSlice list + watch
 sequence of a rolling update (tests/data/router/endpointslices_rollout.json): the pure rendering
 step by step, then the whole runtime against a loopback stand-in for the API server, signalling
 the real nginx."""
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from components.router.nginx_conf import Route
-from components.router.runtime import watcher
+from runtime import watcher
 from tests.router_harness import needs_nginx, start_router
 
 REC = json.loads((Path(__file__).parent / "data" / "router" / "endpointslices_rollout.json").read_text())

@@ -409,7 +409,7 @@ def test_prewarm_reads_weight_files_within_budget(tmp_path):
     (snap / "model-00002.safetensors").symlink_to(blobs / "b")
     (snap / "config.json").symlink_to(blobs / "cfg")
     (snap / "dangling.safetensors").symlink_to(blobs / "missing")
-    script = ROOT / "components" / "serving" / "runtime" / "prewarm.py"
+    script = ROOT / "runtime" / "prewarm.py"
     out = subprocess.run([sys.executable, str(script), str(tmp_path / "hub" / "models--org--m")],
                          capture_output=True, text=True, timeout=30)
     rep = json.loads(out.stdout)

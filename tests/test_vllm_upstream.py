@@ -35,7 +35,7 @@ VENDORED = sorted(p.stem.removeprefix("v") for p in EVIDENCE.glob("v*.json"))
 CHECKED = sorted({PINNED, *VENDORED})
 METRIC_RE = re.compile(r"vllm:[A-Za-z0-9_:]+")
 METRIC_SOURCES = ["components/serving/alerts.py", "components/serving/dashboard.py", "components/serving/autoscale.py",
-                  *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "components/serving/runtime").glob("*.py"))]
+                  *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "runtime").glob("*.py"))]
 
 
 @lru_cache(maxsize=None)

@@ -54,7 +54,7 @@ class ExistingCluster(pulumi.ComponentResource):
             endpoint=pulumi.Output.from_input(""),
             kubeconfig=kubeconfig,
             oidc_issuer=pulumi.Output.from_input(""),
-            gpu_pools={p.name: pool_info(p) for p in c.gpu_pools},
+            gpu_pools={p.name: pool_info(p, node_selector=dict(p.node_selector), gpu_taint=p.gpu_taint) for p in c.gpu_pools},
             spot_notice_s=c.spot_notice_s,
             native=self.stack_reference,
         )

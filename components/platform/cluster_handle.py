@@ -13,8 +13,6 @@ from typing import TYPE_CHECKING, Any, Literal, Optional
 import pulumi
 import pulumi_kubernetes as k8s
 
-from components.existing.config import ExistingGpuPool
-
 if TYPE_CHECKING:
     from components.stack_config import AnyPool
 
@@ -52,16 +50,18 @@ class GpuPoolInfo:
 
 
 def pool_info(
-    pool: AnyPool, native_names: tuple[str, ...] = (), cache_read_mib_s: int = 125, cache_host_path: Optional[str] = None
+    pool: AnyPool,
+    native_names: tuple[str, ...] = (),
+    cache_read_mib_s: int = 125,
+    cache_host_path: Optional[str] = None,
+    node_selector: Optional[dict[str, str]] = None,
+    gpu_taint: bool = True,
 ) -> GpuPoolInfo:
-    """Scheduling facts for a pool: managed pools carry our labels and the GPU taint."""
+    """Scheduling facts for a pool. Managed pools carry our pool label and the GPU taint; a pool
+    of an existing cluster passes its own `node_selector` and whether its nodes carry the taint."""
     types = pool.instance_types
-    if isinstance(pool, ExistingGpuPool):
-        selector = dict(pool.node_selector)
-        tolerations = (dict(GPU_TOLERATION),) if pool.gpu_taint else ()
-    else:
-        selector = {POOL_LABEL: pool.name}
-        tolerations = (dict(GPU_TOLERATION),)
+    selector = dict(node_selector) if node_selector is not None else {POOL_LABEL: pool.name}
+    tolerations = (dict(GPU_TOLERATION),) if gpu_taint else ()
     return GpuPoolInfo(
         name=pool.name,
         capacity=pool.capacity,

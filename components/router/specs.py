@@ -24,7 +24,7 @@ TOKEN_DIR = "/var/run/secrets/router"
 RUN_AS = 101
 """The `nginx` user of the official image; the watcher runs as the same UID so it may signal nginx."""
 SHUTDOWN_MARGIN_S = 5
-WATCHER_SCRIPT = Path(__file__).parent / "runtime" / "watcher.py"
+WATCHER_SCRIPT = Path(__file__).resolve().parents[2] / "runtime" / "watcher.py"
 HTTP_PORT = "http"
 METRICS_PORT = "metrics"
 

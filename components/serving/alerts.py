@@ -6,7 +6,7 @@ Metric names are the ones the pinned versions export:
   `vllm:gpu_cache_usage_perc`), `vllm:time_to_first_token_seconds` (histogram);
 - the eBPF agent (bpf/agent/metrics.py): `ebpf_cuda_call_enqueue_seconds` histogram, label
   `call="cudaLaunchKernel"`, with the workload's `namespace`/`pod` labels;
-- the drain sidecar (components/serving/runtime/drain.py): `gpuinfra_drain_in_progress{reason}`
+- the drain sidecar (runtime/drain.py): `gpuinfra_drain_in_progress{reason}`
   (reason `spot`, `node` or `rollout`, read from the API by runtime/disruption.py).
 """
 

@@ -18,7 +18,7 @@ from components.platform.cluster_handle import CAPACITY_LABEL, POOL_LABEL, GpuPo
 from components.serving.config import ModelConfig, Placement, spot_drain_budget_s
 from components.serving.vllm_args import VLLM_COMMAND, vllm_args
 
-RUNTIME_DIR = Path(__file__).resolve().parent / "runtime"
+RUNTIME_DIR = Path(__file__).resolve().parents[2] / "runtime"
 RUNTIME_FILES = ("drain.py", "deadline_http.py", "disruption.py", "prewarm.py")
 
 PYTHON_IMAGE = "python:3.11.17-slim-bookworm"

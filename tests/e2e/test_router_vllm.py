@@ -14,7 +14,7 @@ import time
 import pytest
 
 from components.router.nginx_conf import Route
-from components.router.runtime.watcher import Upstream
+from runtime.watcher import Upstream
 from tests.e2e import engines
 from tests.e2e.project import local_args
 from tests.router_harness import NODE, Replica, complete, needs_nginx, slices_for, start_router

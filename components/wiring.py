@@ -1,4 +1,7 @@
-"""Wires the stack: clusters first, then the platform layers on each, then the stack outputs."""
+"""Wires the stack: clusters first, then the platform layers on each, then the stack outputs.
+
+It stands above every domain (it imports them all); no domain, and not `components/platform/`,
+imports it back."""
 
 from __future__ import annotations
 
