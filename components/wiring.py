@@ -31,6 +31,7 @@ from components.gcp.specs import gcp_labels
 from components.images.images import ProjectImages, ProjectImagesArgs
 from components.images.specs import SOURCES
 from components.platform.registry import ImageRegistry
+from components.pod_security import namespace_pod_security
 
 
 def platform_labels(cfg: StackConfig) -> dict[str, str]:
@@ -77,14 +78,18 @@ def build_registry(loaded: LoadedConfig, c: Any, handle: ClusterHandle) -> Image
     return ImageRegistry(repositories={s.role: f"{cfg.images.registry}/{s.repository}" for s in SOURCES})
 
 
-def build_layers(loaded: LoadedConfig, handle: ClusterHandle, registry: ImageRegistry | None = None) -> ClusterLayers:
+def build_layers(
+    loaded: LoadedConfig, handle: ClusterHandle, registry: ImageRegistry | None, pod_security: dict[str, dict[str, str]]
+) -> ClusterLayers:
     cfg = loaded.stack
     labels = platform_labels(cfg)
     images = ProjectImages(f"{handle.name}-images", ProjectImagesArgs(config=cfg.images, registry=registry))
     on_cluster = pulumi.ResourceOptions(provider=handle.provider, depends_on=handle.ready_after)
     addons = PlatformAddons(
         f"{handle.name}-addons",
-        PlatformAddonsArgs(namespaces=cfg.namespaces, observability=cfg.observability, labels=labels),
+        PlatformAddonsArgs(
+            namespaces=cfg.namespaces, observability=cfg.observability, labels=labels, namespace_labels=pod_security
+        ),
         opts=on_cluster,
     )
     after_addons = pulumi.ResourceOptions(provider=handle.provider, depends_on=[addons])
@@ -144,5 +149,6 @@ def build_platform(loaded: LoadedConfig) -> dict[str, ClusterLayers]:
     out = {}
     for c in loaded.stack.clusters:
         handle = build_cluster(loaded, c)
-        out[c.name] = build_layers(loaded, handle, build_registry(loaded, c, handle))
+        pod_security = namespace_pod_security(loaded.stack, c)
+        out[c.name] = build_layers(loaded, handle, build_registry(loaded, c, handle), pod_security)
     return out
