@@ -8,6 +8,7 @@ that stand in for projected volumes."""
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +28,11 @@ class NodeFacts:
     volume_dirs: dict[str, str] = field(default_factory=dict)
     """Volume name -> host directory, for projected/configMap/secret volumes, emptyDirs shared by two
     containers, and any volume the test stands in for (it wins over the spec's source)."""
+    seccomp_profiles: dict[str, str] = field(default_factory=dict)
+    """A `Localhost` seccomp profile's `localhostProfile` (relative to the kubelet's seccomp dir) -> the
+    JSON file on this machine."""
+    apparmor_enabled: bool = False
+    """Whether this host's kernel enforces AppArmor (`podman info` Host.Security.AppArmorEnabled)."""
 
 
 def effective_security_context(pod: dict[str, Any], c: dict[str, Any]) -> dict[str, Any]:
@@ -36,7 +42,7 @@ def effective_security_context(pod: dict[str, Any], c: dict[str, Any]) -> dict[s
     return {**{k: pod_sc[k] for k in shared if k in pod_sc}, **(c.get("securityContext") or {})}
 
 
-def security_args(sc: dict[str, Any]) -> list[str]:
+def security_args(sc: dict[str, Any], facts: NodeFacts) -> list[str]:
     args: list[str] = []
     if sc.get("privileged"):
         args.append("--privileged")
@@ -55,13 +61,18 @@ def security_args(sc: dict[str, Any]) -> list[str]:
     seccomp = (sc.get("seccompProfile") or {}).get("type", "RuntimeDefault")
     if seccomp == "Unconfined":
         args += ["--security-opt", "seccomp=unconfined"]
-    elif seccomp != "RuntimeDefault":  # podman's default profile stands in for the runtime's default
-        raise Unsupported(f"seccompProfile {seccomp}: no such profile on this machine")
+    elif seccomp == "Localhost":
+        local = sc["seccompProfile"].get("localhostProfile", "")
+        if local not in facts.seccomp_profiles:
+            raise Unsupported(f"seccompProfile Localhost {local!r}: no such profile on this machine")
+        args += ["--security-opt", f"seccomp={facts.seccomp_profiles[local]}"]
+    # RuntimeDefault: podman's default profile stands in for the container runtime's default.
     apparmor = (sc.get("appArmorProfile") or {}).get("type", "RuntimeDefault")
     if apparmor == "Unconfined":
         args += ["--security-opt", "apparmor=unconfined"]
-    elif apparmor != "RuntimeDefault":
-        raise Unsupported(f"appArmorProfile {apparmor}: the node's profile is not loaded here")
+    elif apparmor == "Localhost" and facts.apparmor_enabled:
+        raise Unsupported("appArmorProfile Localhost: the node's profile is not loaded here")
+    # A host without AppArmor enforces no profile at all (podman ignores the option there).
     return args
 
 
@@ -78,6 +89,19 @@ def env_args(c: dict[str, Any], facts: NodeFacts) -> list[str]:
     return args
 
 
+def host_source(host_path: dict[str, Any], facts: NodeFacts) -> str:
+    """The directory standing in for a hostPath: its mapping, or a path under a mapped parent (e.g.
+    /sys/fs/bpf/x under the private bpffs), created when the type says the kubelet would create it."""
+    path = host_path["path"]
+    for node_path, here in sorted(facts.host_paths.items(), key=lambda kv: -len(kv[0])):
+        if path == node_path or path.startswith(node_path.rstrip("/") + "/"):
+            src = here + path[len(node_path.rstrip("/")):]
+            if host_path.get("type") == "DirectoryOrCreate":
+                os.makedirs(src, exist_ok=True)
+            return src
+    return path
+
+
 def mount_args(pod: dict[str, Any], c: dict[str, Any], facts: NodeFacts) -> list[str]:
     volumes = {v["name"]: v for v in pod.get("volumes", [])}
     args = []
@@ -87,7 +111,7 @@ def mount_args(pod: dict[str, Any], c: dict[str, Any], facts: NodeFacts) -> list
         if m["name"] in facts.volume_dirs:
             args += ["--volume", f"{facts.volume_dirs[m['name']]}:{dest}:{'ro' if ro else 'rw'}"]
         elif "hostPath" in v:
-            src = facts.host_paths.get(v["hostPath"]["path"], v["hostPath"]["path"])
+            src = host_source(v["hostPath"], facts)
             opts = ["ro" if ro else "rw"]
             if m.get("mountPropagation") == "HostToContainer":
                 opts.append("rslave")
@@ -105,7 +129,7 @@ def mount_args(pod: dict[str, Any], c: dict[str, Any], facts: NodeFacts) -> list
 def run_args(pod: dict[str, Any], c: dict[str, Any], facts: NodeFacts, image: str, name: str,
              extra: list[str] = ()) -> list[str]:
     """`podman run -d` arguments for container `c` of `pod`, running `image`."""
-    args = ["run", "-d", "--name", name, *ULIMITS, *security_args(effective_security_context(pod, c)),
+    args = ["run", "-d", "--name", name, *ULIMITS, *security_args(effective_security_context(pod, c), facts),
             *env_args(c, facts), *mount_args(pod, c, facts), *extra]
     command = c.get("command")
     if command:

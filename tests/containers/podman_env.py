@@ -47,9 +47,13 @@ class ProjectImage:
 
 
 def project_dockerfiles() -> list[Path]:
-    """Every Dockerfile the repository tracks."""
-    out = subprocess.run(["git", "ls-files", "--", "*Dockerfile"], cwd=ROOT, capture_output=True, text=True, check=True)
-    return sorted(ROOT / p for p in out.stdout.split())
+    """Every Dockerfile the repository tracks (every one under the tree where git is unavailable)."""
+    try:
+        out = subprocess.run(["git", "ls-files", "--", "*Dockerfile"], cwd=ROOT, capture_output=True, text=True, check=True)
+        return sorted(ROOT / p for p in out.stdout.split())
+    except (OSError, subprocess.CalledProcessError):
+        skip = {".venv", ".venv-e2e", ".policy-venv", ".container-cache", "node_modules", ".git"}
+        return sorted(p for p in ROOT.rglob("Dockerfile") if not skip.intersection(p.relative_to(ROOT).parts))
 
 
 def skip_reason() -> Optional[str]:
@@ -77,6 +81,11 @@ def _checked(cmd: list[str], timeout: float) -> subprocess.CompletedProcess:
     if r.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd[:4])}... exited {r.returncode}:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
     return r
+
+
+def apparmor_enabled() -> bool:
+    r = podman("info", "--format", "{{.Host.Security.AppArmorEnabled}}", check=False)
+    return r.stdout.strip() == "true"
 
 
 def image_exists(ref: str) -> bool:

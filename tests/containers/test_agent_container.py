@@ -55,8 +55,10 @@ def test_agent_loads_its_programs_and_serves_metrics_under_the_rendered_security
     logs = {p: tmp_path / p.strip("/").replace("/", "-") for p in ("/var/log/containers", "/var/log/pods")}
     for d in logs.values():
         d.mkdir()
-    facts = NodeFacts(host_paths={"/sys/fs/bpf": str(private_bpffs), "/sys/fs/cgroup": cgroup2_mount(),
-                                  **{k: str(v) for k, v in logs.items()}})
+    facts = NodeFacts(
+        host_paths={"/sys/fs/bpf": str(private_bpffs), "/sys/fs/cgroup": cgroup2_mount(), **{k: str(v) for k, v in logs.items()}},
+        apparmor_enabled=podman_env.apparmor_enabled(),
+    )
     name = f"gpuinfra-test-agent-{uuid.uuid4().hex[:8]}"
     try:
         args = run_args(pod, c, facts, built_images["bpf"], name, extra=["--network", "none"])

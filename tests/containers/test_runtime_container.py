@@ -62,7 +62,7 @@ def test_sidecar_and_prestop_hook_drain_over_the_shared_volume(dev_run, built_im
     (api / "ca.crt").write_text("")
     cache = tmp_path / "cache"
     cache.mkdir()
-    facts = NodeFacts(
+    facts = NodeFacts(apparmor_enabled=podman_env.apparmor_enabled(),
         field_refs={"metadata.name": "m-0", "metadata.namespace": "llm-serving", "spec.nodeName": "node-1"},
         volume_dirs={"drain": str(drain_tmpfs), "drain-api": str(api), "model-cache": str(cache)},
     )
