@@ -101,7 +101,7 @@ def test_each_cluster_builds_both_images_into_its_registry(prod_run):
         src = next(s for s in SOURCES if tag.rsplit(":", 1)[0].endswith("/" + s.repository))
         assert r.inputs["context"] == {"location": src.context}, r.urn
         assert r.inputs["dockerfile"] == {"location": f"{src.context}/Dockerfile"}, r.urn
-        assert tag.endswith(":" + image_tag(src)), r.urn
+        assert tag.endswith(":" + image_tag(src, r.inputs["platforms"])), r.urn
         assert r.inputs["labels"]["io.gpuinfra.context-sha256"] == context_hash(Path(src.context).resolve()), r.urn
         assert r.inputs["registries"][0]["password"] == "[secret]", f"{r.urn}: registry password must stay secret"
     assert by_cluster == {"prod-use1": {"ebpf-agent", "runtime"}, "prod-usc1": {"ebpf-agent", "runtime"}}
@@ -186,10 +186,12 @@ def test_a_code_change_changes_the_tag(tmp_path):
     ctx.mkdir()
     (ctx / "drain.py").write_text("x = 1\n")
     (ctx / "wheels").mkdir()
-    before = image_tag(src, tmp_path)
+    amd64 = ["linux/amd64"]
+    before = image_tag(src, amd64, tmp_path)
     (ctx / "wheels" / "k.whl").write_text("downloaded, not part of the build's identity")
     (ctx / "__pycache__").mkdir()
     (ctx / "__pycache__" / "drain.cpython-311.pyc").write_bytes(b"\0")
-    assert image_tag(src, tmp_path) == before
+    assert image_tag(src, amd64, tmp_path) == before
+    assert image_tag(src, ["linux/amd64", "linux/arm64"], tmp_path) != before, "another platform set is another build"
     (ctx / "drain.py").write_text("x = 2\n")
-    assert image_tag(src, tmp_path) != before
+    assert image_tag(src, amd64, tmp_path) != before

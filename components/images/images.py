@@ -39,7 +39,7 @@ class ProjectImages(pulumi.ComponentResource):
                 raise ValueError(f"{name}: images.source is 'build' but the cluster has no registry")
             reg = args.registry
             # Decide every tag before the first child, so an unreadable context registers nothing.
-            tags = {src.role: image_tag(src) for src in SOURCES}
+            tags = {src.role: image_tag(src, cfg.platforms) for src in SOURCES}
             hashes = {src.role: context_hash(REPO_ROOT / src.context) for src in SOURCES}
             child = pulumi.ResourceOptions(parent=self, depends_on=list(reg.ready_after))
             for src in SOURCES:

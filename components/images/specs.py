@@ -7,7 +7,7 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -49,10 +49,13 @@ def context_hash(context: Path) -> str:
     return h.hexdigest()
 
 
-def image_tag(src: ImageSource, root: Path = REPO_ROOT) -> str:
-    """The pushed tag: the context's content hash, so an immutable-tag repository takes each code
-    change once and a rebuild of unchanged sources pushes to the same tag."""
-    return f"src-{context_hash(root / src.context)[:20]}"
+def image_tag(src: ImageSource, platforms: Sequence[str], root: Path = REPO_ROOT) -> str:
+    """The pushed tag: a hash of the context's content and the platforms, i.e. of what makes
+    pulumi-docker-build rebuild, so an immutable-tag repository takes each build once. (A rotated
+    registry password alone does not rebuild: the provider's Image.Diff ignores `password`,
+    pulumi/pulumi-docker-build provider/internal/image.go at v0.0.22.)"""
+    h = hashlib.sha256((context_hash(root / src.context) + "\0" + ",".join(sorted(platforms))).encode())
+    return f"src-{h.hexdigest()[:20]}"
 
 
 def by_digest(repository_url: str, digest: str) -> str:
