@@ -201,7 +201,7 @@ def test_a_new_stack_file_is_covered(tmp_path):
     )
     got = ci.matrix(["components/wiring.py"], root=tmp_path)["include"]
     assert {e["stack"] for e in got} == set(available_stacks()) | {"staging"}
-    assert {"stack": "staging", "aws": False, "gcp": True} in got
+    assert {"stack": "staging", "aws": False, "gcp": True, "private": False} in got
 
 
 def test_policy_gate_on_preview_and_up(workflows):
@@ -222,7 +222,7 @@ def test_policy_gate_on_preview_and_up(workflows):
 def test_preview_and_up_run_the_same_steps(workflows):
     """One copy-paste job body, two commands: only the command and what follows from it differ."""
     def body(job):
-        return [{k: v for k, v in s.items() if k != "name"} for s in job["steps"]]
+        return [{k: v for k, v in s.items() if k != "name"} for s in job["steps"] if "PRIVATE_RUNNER_LABEL" not in s.get("if", "")]
     preview = body(_job(workflows, "pull-request.yml", "preview"))
     up = body(_job(workflows, "deploy.yml", "up"))
     assert len(preview) == len(up)
@@ -288,6 +288,21 @@ def test_clouds_per_stack():
     assert ci.clouds({"clusters": [{"cloud": "existing", "underlying_cloud": "other"}]}) == set()
 
 
+def test_private_endpoints_need_a_runner_inside_the_network(workflows):
+    """prod's EKS endpoint has no public access and its GKE endpoint is private; byo reaches
+    prod-usc1 through prod's kubeconfig output, so it is private too."""
+    got = {e["stack"]: e["private"] for e in ci.matrix(None)["include"]}
+    assert got == {"dev": False, "prod": True, "byo": True}
+    assert not ci.private_api({"clusters": [{"cloud": "aws", "endpoint": {"public_access": True}}]}, {})
+    assert ci.private_api({"clusters": [{"cloud": "gcp", "private_endpoint": True}]}, {})
+    for name, job_id, level in (("pull-request.yml", "preview", "::warning::"), ("deploy.yml", "up", "::error::")):
+        job = _job(workflows, name, job_id)
+        assert job["runs-on"] == "${{ matrix.private && vars.PRIVATE_RUNNER_LABEL || 'ubuntu-24.04' }}"
+        check = next(s for s in job["steps"] if "PRIVATE_RUNNER_LABEL" in s.get("if", ""))
+        assert level in check["run"], f"{name}:{job_id}"
+        assert ("exit 1" in check["run"]) == (job_id == "up"), "an up that cannot reach the cluster stops early"
+
+
 def test_deployment_order():
     """byo reads prod's outputs through a StackReference, so prod goes up first."""
     assert [e["stack"] for e in ci.matrix(None)["include"]] == ["dev", "prod", "byo"]
@@ -301,7 +316,7 @@ def test_matrix_cli(tmp_path, capsys):
     changed = tmp_path / "changed.txt"
     changed.write_text("docs/ci.md\nPulumi.byo.yaml\n")
     assert ci.main(["matrix", "--changed", str(changed)]) == 0
-    assert json.loads(capsys.readouterr().out) == {"include": [{"stack": "byo", "aws": False, "gcp": True}]}
+    assert json.loads(capsys.readouterr().out) == {"include": [{"stack": "byo", "aws": False, "gcp": True, "private": True}]}
     changed.write_text("docs/ci.md\n")
     ci.main(["matrix", "--changed", str(changed)])
     assert capsys.readouterr().out.strip() == '{"include":[]}', "the workflows' `if:` compares this exact text"
