@@ -236,7 +236,11 @@ def test_preview_and_up_run_the_same_steps(workflows):
 def test_cli_less_gate_on_every_pull_request(workflows):
     job = _job(workflows, "pull-request.yml", "policy-check")
     runs = [s.get("run", "") for s in job["steps"]]
-    assert 'make policy-check STACK="$STACK" PREVIEW=1' in runs and 'make policy-check STACK="$STACK"' in runs
+    assert any('make policy-check STACK="$STACK" PREVIEW=1 ' in r for r in runs)
+    assert any('make policy-check STACK="$STACK" 2>&1' in r for r in runs)
+    for step in job["steps"]:
+        if "make policy-check" in step.get("run", ""):
+            assert 'exit "$rc"' in step["run"] and "PIPESTATUS[0]" in step["run"], "make's status decides the job"
     assert "if" not in job and "environment" not in job, "it runs on forks too: no condition, no environment"
     assert job["permissions"] == {"contents": "read"}
 
@@ -337,3 +341,38 @@ def test_cli_policy_config_is_what_policy_check_resolves(stack):
     # resolve to the same config and levels.
     assert resolve_config(POLICIES, cli, None) == want
     assert set(cli) == {p.name for p in POLICIES}
+
+
+# --- the deploy identities docs/ci.md describes ----------------------------------------------
+
+
+def test_every_cloud_resource_a_stack_renders_has_its_permission(any_run):
+    """Each AWS/GCP resource type the stack registers (and pulumi-eks's component) maps to an IAM
+    service or GCP role in docs/ci.md's deploy-identity block."""
+    from tools.remote_components import engine_children
+
+    types = {r.type for r in any_run.resources} | {r.type for r in engine_children(any_run)}
+    aws, gcp, unknown = ci.deploy_permissions(types)
+    assert not unknown, (
+        f"stack {any_run.stack}: no deploy permission known for {sorted(unknown)}: add them to "
+        "tools/ci.py AWS_IAM_SERVICES / GCP_ROLES and regenerate docs/ci.md (python -m tools.ci permissions)"
+    )
+    clouds = {c for e in ci.matrix(None)["include"] if e["stack"] == any_run.stack for c in ("aws", "gcp") if e[c]}
+    assert ("aws" in clouds) >= bool(aws) and ("gcp" in clouds) >= bool(gcp), f"stack {any_run.stack}: credentials vs resources"
+
+
+def test_docs_ci_embeds_the_permissions_block():
+    doc = (ROOT / "docs" / "ci.md").read_text()
+    assert ci.permissions_block() in doc, "docs/ci.md is stale: paste `python -m tools.ci permissions` between its markers"
+
+
+def test_docs_ci_names_every_variable_the_workflows_read(workflows):
+    doc = (ROOT / "docs" / "ci.md").read_text()
+    used = set()
+    for path in _files():
+        used |= set(re.findall(r"vars\.([A-Z0-9_]+)", path.read_text()))
+    assert used, "the workflows read their settings from variables"
+    for name in sorted(used):
+        assert f"`{name}`" in doc, f"docs/ci.md does not document the variable {name}"
+    for action, (tag, sha) in PINNED.items():
+        assert f"`{action}`" in doc and tag in doc and sha in doc, f"docs/ci.md: pinned {action}"
