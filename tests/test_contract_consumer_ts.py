@@ -82,3 +82,13 @@ def test_example_stack_names_a_committed_schema():
     cfg = yaml.safe_load((EXAMPLE / "Pulumi.dev.yaml").read_text())["config"]
     schema = (EXAMPLE / cfg["gpuinfra-consumer-ts:contract_schema"]).resolve()
     assert schema.parent == schema_path().parent and schema.exists(), schema
+
+
+def test_docs_quote_the_example_verbatim():
+    """The TypeScript in docs/contract.md is the example's code, which tsc checks and node runs."""
+    doc = (ROOT / "docs" / "contract.md").read_text()
+    blocks = re.findall(r"```typescript\n(.*?)```", doc, re.S)
+    sources = "\n".join(p.read_text() for p in sorted((EXAMPLE / "src").glob("*.ts")))
+    assert len(blocks) >= 2
+    for chunk in (c for b in blocks for c in re.split(r"\n\n(?=export )", b)):
+        assert chunk in sources, f"docs/contract.md quotes TypeScript that is not in examples/consumer-ts/src:\n{chunk[:400]}"
