@@ -14,7 +14,7 @@ TORCH_CPU_WHEELS ?= /opt/wheels
 
 POLICY_VENV := .policy-venv
 
-.PHONY: render test deps apt-deps e2e-deps consumer-ts-deps bench policy-check policy-venv golden clean
+.PHONY: render test deps apt-deps e2e-deps consumer-ts-deps bench policy-check policy-venv golden contract-schema clean
 .DELETE_ON_ERROR:
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt constraints.txt
@@ -81,6 +81,10 @@ test: deps apt-deps policy-venv e2e-deps consumer-ts-deps
 # Regenerate tests/golden/<stack>.json after an intended change to what a stack renders.
 golden: deps
 	$(PY) -m tools.golden --write
+
+# Regenerate gpuinfra_contract/schema/contract-<CONTRACT_VERSION>.json after a change to the contract model.
+contract-schema: deps
+	$(PY) -m tools.contract_schema --write
 
 # PREVIEW=1 checks the stack as a first `pulumi preview` sees it (computed outputs unknown).
 policy-check: deps

@@ -56,6 +56,13 @@ def test_schema_is_valid_2020_12_and_carries_the_version():
     assert set(schema["properties"]) == set(PLAIN_OUTPUTS) | set(SECRET_OUTPUTS)
 
 
+def test_docs_name_the_current_schema():
+    doc = (ROOT / "docs" / "contract.md").read_text()
+    assert f"`gpuinfra_contract/schema/{schema_path().name}`" in doc and f"`{schema_id()}`" in doc, (
+        "docs/contract.md names another contract version's schema: update its JSON Schema section"
+    )
+
+
 def test_package_version_is_the_contract_version():
     """gpuinfra_contract/pyproject.toml derives its version from CONTRACT_VERSION and ships the schema."""
     from setuptools.config.pyprojecttoml import read_configuration
