@@ -288,7 +288,7 @@ def test_touched_stacks(changed, touched):
 
 def test_clouds_per_stack():
     got = {e["stack"]: (e["aws"], e["gcp"]) for e in ci.matrix(None)["include"]}
-    assert got == {"dev": (True, False), "prod": (True, True), "byo": (False, True)}
+    assert {s: got[s] for s in ("dev", "prod", "byo")} == {"dev": (True, False), "prod": (True, True), "byo": (False, True)}
     assert ci.clouds({"clusters": [{"cloud": "existing", "underlying_cloud": "other"}]}) == set()
 
 
@@ -296,7 +296,7 @@ def test_private_endpoints_need_a_runner_inside_the_network(workflows):
     """prod's EKS endpoint has no public access and its GKE endpoint is private; byo reaches
     prod-usc1 through prod's kubeconfig output, so it is private too."""
     got = {e["stack"]: e["private"] for e in ci.matrix(None)["include"]}
-    assert got == {"dev": False, "prod": True, "byo": True}
+    assert {s: got[s] for s in ("dev", "prod", "byo")} == {"dev": False, "prod": True, "byo": True}
     assert not ci.private_api({"clusters": [{"cloud": "aws", "endpoint": {"public_access": True}}]}, {})
     assert ci.private_api({"clusters": [{"cloud": "gcp", "private_endpoint": True}]}, {})
     for name, job_id, level in (("pull-request.yml", "preview", "::warning::"), ("deploy.yml", "up", "::error::")):
@@ -309,7 +309,8 @@ def test_private_endpoints_need_a_runner_inside_the_network(workflows):
 
 def test_deployment_order():
     """byo reads prod's outputs through a StackReference, so prod goes up first."""
-    assert [e["stack"] for e in ci.matrix(None)["include"]] == ["dev", "prod", "byo"]
+    order = [e["stack"] for e in ci.matrix(None)["include"]]
+    assert order.index("dev") < order.index("prod") < order.index("byo"), order
     ref = lambda s: {"clusters": [{"cloud": "existing", "stack_reference": {"stack": f"o/gpu-inference-platform/{s}"}}]}
     assert ci.deployment_order({"a": ref("b"), "b": {"environment": "prod"}, "c": {"environment": "dev"}}) == ["c", "b", "a"]
     with pytest.raises(ValueError, match="cycle"):
