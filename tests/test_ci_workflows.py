@@ -377,3 +377,24 @@ def test_docs_ci_names_every_variable_the_workflows_read(workflows):
         assert f"`{name}`" in doc, f"docs/ci.md does not document the variable {name}"
     for action, (tag, sha) in PINNED.items():
         assert f"`{action}`" in doc and tag in doc and sha in doc, f"docs/ci.md: pinned {action}"
+
+
+def test_the_plan_jobs_need_only_pyyaml():
+    """The `plan` jobs install PyYAML alone: tools/ci.py imports nothing else at module level (the
+    policy config, which needs the program's packages, imports them inside its function)."""
+    import ast
+
+    tree = ast.parse((ROOT / "tools" / "ci.py").read_text())
+    top = set()
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            top |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            top.add((node.module or "").split(".")[0])
+    assert top <= {"__future__", "argparse", "json", "re", "sys", "pathlib", "typing", "yaml"}, top
+    plan_runs = " ".join(s.get("run", "") for w in workflows_files() for s in w["jobs"]["plan"]["steps"])
+    assert plan_runs.count("python -m pip install --quiet PyYAML -c constraints.txt") == 2
+
+
+def workflows_files():
+    return [_load(p) for p in _files()]
