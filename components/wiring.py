@@ -60,7 +60,8 @@ def build_layers(loaded: LoadedConfig, handle: ClusterHandle) -> ClusterLayers:
     on_cluster = pulumi.ResourceOptions(provider=handle.provider, depends_on=handle.ready_after)
     addons = PlatformAddons(
         f"{handle.name}-addons",
-        PlatformAddonsArgs(namespaces=cfg.namespaces, observability=cfg.observability, labels=labels),
+        PlatformAddonsArgs(namespaces=cfg.namespaces, observability=cfg.observability, labels=labels,
+                           alert_secrets=loaded.alert_secrets),
         opts=on_cluster,
     )
     after_addons = pulumi.ResourceOptions(provider=handle.provider, depends_on=[addons])
@@ -93,6 +94,7 @@ def build_layers(loaded: LoadedConfig, handle: ClusterHandle) -> ClusterLayers:
                 hf_token=loaded.hf_token,
                 observability=cfg.observability,
                 labels=labels,
+                cuda_tracing=cfg.ebpf_agent.enabled and cfg.ebpf_agent.cuda_uprobes.enabled,
             ),
             opts=after_addons,
         )

@@ -118,6 +118,17 @@ def rendered_model(stack: str = E2E_STACK) -> RenderedModel:
     )
 
 
+@lru_cache(maxsize=None)
+def committed_rules(stack: str = E2E_STACK) -> list[dict[str, Any]]:
+    """The first model's alert rules as `stack` renders them as committed (on spot, so with the
+    spot-drain alert that the on-demand e2e variant does not render)."""
+    run = run_program(stack)
+    model = json.loads(json.dumps(stack_config(stack)))["gpu-inference-platform:models"][0]["name"]
+    rule = next(r for r in run.by_type("kubernetes:monitoring.coreos.com/v1:PrometheusRule")
+                if r.inputs["spec"]["groups"][0]["name"] == f"vllm-{model}")
+    return [r for g in rule.inputs["spec"]["groups"] for r in g["rules"]]
+
+
 # Flags whose rendered value cannot be used on this machine, and what replaces it:
 #   model (positional): the hub id -> the tiny local checkpoint (no hub downloads here);
 #   --host: the pod's 0.0.0.0 -> 127.0.0.1 or the test pod's namespace address (own addresses only);
