@@ -41,8 +41,8 @@ from components.serving.pod_spec import (
     ENGINE_INIT_S,
     startup_budget_s,
     startup_probe_timing,
-    topology_spread,
 )
+from components.serving.spread import topology_spread
 
 ROOT = Path(__file__).resolve().parent.parent
 POOL = GpuPoolInfo(
@@ -102,9 +102,9 @@ def test_spot_pools_with_a_fallback_prefer_spot_nodes():
     assert "preferredDuringSchedulingIgnoredDuringExecution" not in node_affinity(existing)["nodeAffinity"]
 
 
-def test_spread_is_hard_across_nodes_and_soft_across_zones():
-    keys = {c["topologyKey"]: c["whenUnsatisfiable"] for c in topology_spread(model())}
-    assert keys == {"kubernetes.io/hostname": "DoNotSchedule", "topology.kubernetes.io/zone": "ScheduleAnyway"}
+def test_spread_is_hard_across_nodes_and_zones():
+    keys = {c["topologyKey"]: c["whenUnsatisfiable"] for c in topology_spread({"app": "x"}, 2)}
+    assert keys == {"kubernetes.io/hostname": "DoNotSchedule", "topology.kubernetes.io/zone": "DoNotSchedule"}
 
 
 def test_sidecar_reads_its_drain_reason_from_the_api_and_polls_no_metadata_server():
