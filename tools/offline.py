@@ -361,3 +361,13 @@ def parsed_config(run: ProgramRun):
 
     raw, secrets = project_values(run.config, run.secret_keys, PROJECT)
     return parse_stack_config(raw, run.stack, secrets)
+
+
+def stack_model(stack: str):
+    """`stack`'s validated `StackConfig` straight from its file, without running the program
+    (secrets kept out of the file get the offline placeholders)."""
+    from components.config_loader import parse_stack_config, project_values
+
+    values, secret_keys = engine_config(stack_config(stack), offline_secrets(stack_config(stack)))
+    raw, secrets = project_values(values, secret_keys, PROJECT)
+    return parse_stack_config(raw, stack, secrets)
