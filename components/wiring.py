@@ -27,6 +27,17 @@ from components.router.router import Router, RouterArgs
 from components.router.config import router_enabled
 
 
+def cuda_launch_traced(cfg: StackConfig) -> bool:
+    """Whether the agent exports `cudaLaunchKernel` enqueue times (CudaLaunchStall's series): CUDA
+    uprobes on, and either the /proc scan (it finds the libcudart inside each vLLM image) or a
+    listed libcudart. A list of driver libraries only (`libcuda.so`) sees `cuLaunchKernel`, never
+    `cudaLaunchKernel` (docs/ebpf-agent.md, least privilege for CUDA tracing)."""
+    a = cfg.ebpf_agent
+    paths = a.cuda_uprobes.library_paths
+    return a.enabled and a.cuda_uprobes.enabled and (
+        not paths or any(p.rsplit("/", 1)[-1].startswith("libcudart") for p in paths))
+
+
 def platform_labels(cfg: StackConfig) -> dict[str, str]:
     """Labels on every Kubernetes object the platform creates."""
     return {"app.kubernetes.io/part-of": "gpu-inference-platform", "gpuinfra.io/environment": cfg.environment}
@@ -94,7 +105,7 @@ def build_layers(loaded: LoadedConfig, handle: ClusterHandle) -> ClusterLayers:
                 hf_token=loaded.hf_token,
                 observability=cfg.observability,
                 labels=labels,
-                cuda_tracing=cfg.ebpf_agent.enabled and cfg.ebpf_agent.cuda_uprobes.enabled,
+                cuda_tracing=cuda_launch_traced(cfg),
             ),
             opts=after_addons,
         )

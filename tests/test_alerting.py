@@ -213,3 +213,20 @@ def test_cuda_launch_alert_follows_the_agents_cuda_tracing():
     alerts = {r["alert"] for rule in run.by_type("kubernetes:monitoring.coreos.com/v1:PrometheusRule")
               for g in rule.inputs["spec"]["groups"] for r in g["rules"]}
     assert "CudaLaunchStall" in alerts
+
+
+@pytest.mark.parametrize("agent, traced", [
+    ({}, False),
+    ({"cuda_uprobes": {"enabled": True}}, True),
+    ({"enabled": False, "cuda_uprobes": {"enabled": True}}, False),
+    ({"cuda_uprobes": {"enabled": True, "library_paths": ["/usr/lib64/libcuda.so.1"]}}, False),
+    ({"cuda_uprobes": {"enabled": True, "library_paths": ["/usr/lib64/libcuda.so.1",
+                                                           "/opt/cuda/lib64/libcudart.so.12"]}}, True),
+])
+def test_cuda_launch_alert_needs_the_runtime_library_traced(agent, traced):
+    """The driver library alone shows cuLaunchKernel, never the cudaLaunchKernel the alert selects."""
+    from components.wiring import cuda_launch_traced
+
+    raw = _raw("dev")
+    raw["ebpf_agent"] = agent
+    assert cuda_launch_traced(parse_stack_config(raw, "dev", set())) is traced
