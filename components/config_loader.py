@@ -76,7 +76,7 @@ def format_validation_error(err: ValidationError, stack: str) -> str:
         msg = e["msg"].removeprefix("Value error, ")
         path = _loc_to_path(tuple(e["loc"]))
         if e["type"] == "extra_forbidden":
-            msg = "unknown key (not part of the config schema); check its spelling against the README"
+            msg = "unknown key (not part of the config schema); check its spelling against docs/config-reference.md"
         elif e["type"] == "missing":
             msg = "required key is missing"
         elif e["type"] == "union_tag_invalid":
