@@ -1,6 +1,6 @@
 """Alerts reach someone: the Alertmanager config kube-prometheus-stack gets, checked by the real
-`amtool` (Debian's prometheus-alertmanager 0.25; tests/apt-packages.txt) and routed by severity;
-credentials stay Pulumi secrets end to end.
+`amtool` (Debian's prometheus-alertmanager 0.25; tests/apt-packages.txt), routed by severity, and
+run by the real Alertmanager against loopback receivers; credentials stay Pulumi secrets end to end.
 
 Upstream facts used here:
 - the chart renders `alertmanager.config` verbatim (`toYaml`) into the Secret the Alertmanager
@@ -16,6 +16,7 @@ Upstream facts used here:
 from __future__ import annotations
 
 import copy
+import json
 import shutil
 import subprocess
 from pathlib import Path
@@ -230,3 +231,128 @@ def test_cuda_launch_alert_needs_the_runtime_library_traced(agent, traced):
     raw = _raw("dev")
     raw["ebpf_agent"] = agent
     assert cuda_launch_traced(parse_stack_config(raw, "dev", set())) is traced
+
+
+# ---- the real Alertmanager delivers to the right receivers ----------------------------------------
+
+ALERTMANAGER = shutil.which("prometheus-alertmanager")
+
+
+class _Sink:
+    """Loopback HTTP server standing in for Slack, PagerDuty and the webhook: records each POST."""
+
+    def __init__(self):
+        import http.server
+        import threading
+
+        self.posts: list[tuple[str, dict, dict]] = []
+        sink = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("content-length", 0)))
+                sink.posts.append((self.path, dict(self.headers), json.loads(body or b"{}")))
+                self.send_response(200)
+                self.send_header("content-type", "application/json")
+                self.end_headers()
+                self.wfile.write(b'{"status": "success", "ok": true}')
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _local(cfg: dict, sink: _Sink, secrets_dir: Path) -> dict:
+    """The rendered config with only what cannot work here replaced: the mounted secret files point
+    at placeholder files in `secrets_dir`, every endpoint at the loopback sink, and the grouping
+    waits shortened so the test takes seconds."""
+    placeholders = {"pd-key": "placeholder-routing-key", "slack-url": f"{sink.url}/slack",
+                    "hook-token": "placeholder-bearer-token"}
+    for name, value in placeholders.items():
+        (secrets_dir / name).write_text(value)
+    text = yaml.safe_dump(cfg).replace(f"{SECRETS_DIR}/{ALERT_SECRET_NAME}", str(secrets_dir))
+    out = yaml.safe_load(text)
+    for r in out["receivers"]:
+        for pd in r.get("pagerduty_configs", []):
+            pd["url"] = f"{sink.url}/pagerduty"
+        for hook in r.get("webhook_configs", []):
+            hook["url"] = f"{sink.url}/webhook"
+    out["route"].update(group_wait="1s", group_interval="1s")
+    return out
+
+
+@pytest.mark.skipif(ALERTMANAGER is None, reason="prometheus-alertmanager missing (tests/apt-packages.txt)")
+def test_the_real_alertmanager_delivers_each_severity_to_its_receivers(tmp_path):
+    import json as _json
+    import os
+    import time
+    import urllib.request
+
+    sink = _Sink()
+    secrets_dir = tmp_path / "secrets"
+    secrets_dir.mkdir()
+    cfg = _local(effective_config(ObservabilityConfig(alerting=ALL_KINDS)), sink, secrets_dir)
+    (tmp_path / "am.yml").write_text(yaml.safe_dump(cfg))
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
+    proc = subprocess.Popen(
+        [ALERTMANAGER, f"--config.file={tmp_path / 'am.yml'}", f"--storage.path={tmp_path / 'data'}",
+         f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, start_new_session=True)
+    try:
+        api = f"http://127.0.0.1:{port}/api/v2/alerts"
+        alerts = [{"labels": {"alertname": name, "severity": sev, "namespace": "llm-serving", "model": "m"}}
+                  for name, sev in (("TestCritical", "critical"), ("TestWarning", "warning"),
+                                    ("TestInfo", "info"), ("Watchdog", "none"))]
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                req = urllib.request.Request(api, data=_json.dumps(alerts).encode(), method="POST",
+                                             headers={"content-type": "application/json"})
+                urllib.request.urlopen(req, timeout=2).read()
+                break
+            except OSError:
+                assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read().decode()[-2000:]
+                time.sleep(0.2)
+
+        def delivered() -> dict[str, set[str]]:
+            got: dict[str, set[str]] = {}
+            for path, _, body in sink.posts:
+                names = ({a["labels"]["alertname"] for a in body.get("alerts", [])} if "alerts" in body
+                         else {body.get("payload", {}).get("summary", "")} if path == "/pagerduty"
+                         else {body.get("text", "") + body.get("attachments", [{}])[0].get("title", "")})
+                got.setdefault(path, set()).update(names)
+            return got
+
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and len(delivered().get("/webhook", set())) < 3:
+            time.sleep(0.2)
+        time.sleep(2)  # anything wrongly routed has had its group_wait too
+        got = delivered()
+        assert got.get("/webhook") == {"TestCritical", "TestWarning", "TestInfo"}, got
+        assert len(got.get("/pagerduty", ())) == 1 and "TestCritical" in next(iter(got["/pagerduty"])), got
+        assert {"/slack"} <= set(got) and not any("TestInfo" in t for t in got["/slack"]), got
+        assert any("TestWarning" in t for t in got["/slack"]) and any("TestCritical" in t for t in got["/slack"]), got
+        hooks = [(h, b) for p, h, b in sink.posts if p == "/webhook"]
+        assert all(h.get("Authorization") == "Bearer placeholder-bearer-token" for h, _ in hooks)
+        pd = [b for p, _, b in sink.posts if p == "/pagerduty"]
+        assert all(b["routing_key"] == "placeholder-routing-key" for b in pd)
+        assert not any("Watchdog" in str(b) for _, _, b in sink.posts)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        sink.close()
