@@ -96,8 +96,10 @@ def rendered_model(stack: str = E2E_STACK) -> RenderedModel:
     sidecar = next(c for c in pod.get("initContainers", []) if c["name"] == "spot-drain")
     model = dep.inputs["metadata"]["labels"]["gpuinfra.io/model"]
     namespace = dep.inputs["metadata"]["namespace"]
+    # The tier Service shares the Deployment's name (the Prometheus job); the drain Service carries
+    # the same model label, and registration order between the two is not fixed.
     svc = next(r for r in run.by_type("kubernetes:core/v1:Service")
-               if r.inputs["metadata"].get("labels", {}).get("gpuinfra.io/model") == model
+               if r.inputs["metadata"]["name"] == dep.inputs["metadata"]["name"]
                and r.inputs["metadata"]["namespace"] == namespace)
     rule = next(r for r in run.by_type("kubernetes:monitoring.coreos.com/v1:PrometheusRule")
                 if r.inputs["metadata"]["namespace"] == namespace)
