@@ -150,3 +150,24 @@ def test_the_quick_start_commands_run(command, tmp_path):
     assert r.returncode == 0, f"{' '.join(command)} failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
     if command[1] == "render":
         assert (ROOT / "out" / "dev" / "outputs.json").exists() and "whole stack idle" in r.stdout
+
+
+def test_the_readme_describes_dev_as_it_is_configured():
+    """The Deploy section's description of dev follows Pulumi.dev.yaml (the old README said 0-2 GPU
+    nodes while min_replicas kept one up)."""
+    from components.cost import estimate_whole_stack
+    from tools.offline import stack_model
+
+    readme = (ROOT / "README.md").read_text()
+    section = " ".join(readme[readme.index("## Deploy the dev stack"):readme.index("## Consume it")].split())
+    cfg = stack_model("dev")
+    (cluster,) = cfg.clusters
+    words = {1: "one", 2: "two", 3: "three"}
+    (pool,) = estimate_whole_stack(cfg).gpu.pools
+    assert f"{pool.least_nodes}–{pool.max_nodes} GPU nodes" in section
+    assert f"Kubernetes {cluster.kubernetes_version}" in section and cluster.region in section
+    assert f"{words[cluster.network.availability_zones]} AZs with one NAT gateway" in section
+    assert cluster.network.single_nat_gateway
+    s = cluster.system_node_group
+    assert f"{words[s.desired_size]} `{s.instance_type}` system nodes" in section
+    assert f"svc/{cfg.models[0].name}" in section and f'"model": "{cfg.models[0].served_name}"' in section
