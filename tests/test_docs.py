@@ -171,3 +171,17 @@ def test_the_readme_describes_dev_as_it_is_configured():
     s = cluster.system_node_group
     assert f"{words[s.desired_size]} `{s.instance_type}` system nodes" in section
     assert f"svc/{cfg.models[0].name}" in section and f'"model": "{cfg.models[0].served_name}"' in section
+
+
+def test_every_documented_policy_pack_run_passes_the_stacks_policy_config():
+    """Without --policy-pack-config the pack assumes prod, and a first preview of dev fails on two
+    mandatory rules (docs/policies.md): every documented run names the stack's config file."""
+    runs = []
+    for doc in _doc_files():
+        for line in doc.read_text().splitlines():
+            if "--policy-pack policies" in line and re.search(r"pulumi (preview|up)", line):
+                runs.append((doc.relative_to(ROOT), line))
+                m = re.search(r"--policy-pack-config policies/config\.(\w+|<stack>)\.json", line)
+                assert m, f"{doc.relative_to(ROOT)}: {line.strip()}"
+                assert m.group(1) == "<stack>" or (ROOT / f"policies/config.{m.group(1)}.json").exists(), line
+    assert any(str(d) == "README.md" for d, _ in runs)
