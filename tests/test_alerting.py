@@ -356,3 +356,17 @@ def test_the_real_alertmanager_delivers_each_severity_to_its_receivers(tmp_path)
         proc.terminate()
         proc.wait(timeout=10)
         sink.close()
+
+
+@needs_amtool
+@pytest.mark.parametrize("stack", ["dev", "prod", "byo"])
+def test_amtool_accepts_each_stacks_rendered_release_values(stack, tmp_path):
+    """The values the program really hands the kube-prometheus-stack release, over the chart's
+    defaults, as the chart writes them to alertmanager.yaml."""
+    run = run_program(stack)
+    chart = yaml.safe_load(EXCERPT.read_text())["alertmanager"]["config"]
+    for release in (r for r in run.by_type("kubernetes:helm.sh/v3:Release")
+                    if r.raw_inputs["chart"] == "kube-prometheus-stack"):
+        cfg = helm_merge(chart, release.raw_inputs["values"]["alertmanager"]["config"])
+        r = amtool("check-config", str(_write(tmp_path, cfg)))
+        assert r.returncode == 0 and "SUCCESS" in r.stdout, f"{release.urn}: {r.stdout}{r.stderr}"
