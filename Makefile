@@ -6,7 +6,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STACK ?= dev
-APT_PACKAGES := $(shell grep -hv '^\s*\#' bpf/apt-packages.txt tests/e2e/apt-packages.txt components/router/apt-packages.txt tests/containers/apt-packages.txt 2>/dev/null)
+APT_PACKAGES := $(shell grep -hv '^\s*\#' bpf/apt-packages.txt tests/e2e/apt-packages.txt components/router/apt-packages.txt tests/containers/apt-packages.txt tests/apt-packages.txt 2>/dev/null)
 # The e2e tier's own venv (tests/e2e/): vLLM's CPU build, kept apart from the Pulumi venv.
 E2E_VENV := .venv-e2e
 E2E_SKIP := .venv-e2e.skip

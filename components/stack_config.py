@@ -71,6 +71,7 @@ class StackConfig(Base):
         errors += _duplicate_names(self)
         errors += _cidr_overlaps(self)
         errors += _prod_fallback(self)
+        errors += _prod_alert_receivers(self)
         errors += _interruption_queue(self)
         errors += _aws_ami_pinned(self)
         errors += _ebpf_agent_ports(self)
@@ -114,6 +115,21 @@ def _cidr_overlaps(s: StackConfig) -> list[str]:
             if na.overlaps(nb):
                 errs.append(f"{kb}: {nb} overlaps {ka} ({na}); every cluster range must be disjoint")
     return errs
+
+
+def _prod_alert_receivers(s: StackConfig) -> list[str]:
+    """prod alerts must reach someone: a receiver for critical alerts, where this stack installs
+    Alertmanager (kube-prometheus-stack). dev/staging may leave it empty (the program warns)."""
+    o = s.observability
+    if s.environment != "prod" or not o.install_prometheus_stack:
+        return []
+    if any("critical" in r.severities for r in o.alerting.receivers):
+        return []
+    return [
+        "observability.alerting.receivers: prod needs a receiver for severity 'critical' (a webhook, slack "
+        "or pagerduty entry whose severities include critical); without one Alertmanager sends alerts to "
+        "the 'null' receiver and nobody is told"
+    ]
 
 
 def _prod_fallback(s: StackConfig) -> list[str]:

@@ -34,6 +34,17 @@ from components.platform.registry import ImageRegistry
 from components.pod_security import namespace_pod_security
 
 
+def cuda_launch_traced(cfg: StackConfig) -> bool:
+    """Whether the agent exports `cudaLaunchKernel` enqueue times (CudaLaunchStall's series): CUDA
+    uprobes on, and either the /proc scan (it finds the libcudart inside each vLLM image) or a
+    listed libcudart. A list of driver libraries only (`libcuda.so`) sees `cuLaunchKernel`, never
+    `cudaLaunchKernel` (docs/ebpf-agent.md, least privilege for CUDA tracing)."""
+    a = cfg.ebpf_agent
+    paths = a.cuda_uprobes.library_paths
+    return a.enabled and a.cuda_uprobes.enabled and (
+        not paths or any(p.rsplit("/", 1)[-1].startswith("libcudart") for p in paths))
+
+
 def platform_labels(cfg: StackConfig) -> dict[str, str]:
     """Labels on every Kubernetes object the platform creates."""
     return {"app.kubernetes.io/part-of": "gpu-inference-platform", "gpuinfra.io/environment": cfg.environment}
@@ -88,7 +99,8 @@ def build_layers(
     addons = PlatformAddons(
         f"{handle.name}-addons",
         PlatformAddonsArgs(
-            namespaces=cfg.namespaces, observability=cfg.observability, labels=labels, namespace_labels=pod_security
+            namespaces=cfg.namespaces, observability=cfg.observability, labels=labels, namespace_labels=pod_security,
+            alert_secrets=loaded.alert_secrets,
         ),
         opts=on_cluster,
     )
@@ -124,6 +136,7 @@ def build_layers(
                 observability=cfg.observability,
                 labels=labels,
                 runtime_image=images.refs["runtime"],
+                cuda_tracing=cuda_launch_traced(cfg),
             ),
             opts=after_addons,
         )

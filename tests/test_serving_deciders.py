@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from components.serving.alerts import CUDA_LAUNCH_CALL, CUDA_METRIC, alert_rules, pod_regex, prometheus_rule_spec
+from components.serving.alerts import CUDA_LAUNCH_CALL, CUDA_METRIC, AlertSignals, alert_rules, pod_regex, prometheus_rule_spec
 from components.platform.cluster_handle import GPU_TOLERATION, GpuPoolInfo
 from components.platform.config import AlertThresholds
 from components.serving.config import ModelConfig
@@ -42,8 +42,8 @@ from components.serving.pod_spec import (
     ENGINE_INIT_S,
     startup_budget_s,
     startup_probe_timing,
-    topology_spread,
 )
+from components.serving.spread import topology_spread
 
 ROOT = Path(__file__).resolve().parent.parent
 POOL = GpuPoolInfo(
@@ -124,9 +124,9 @@ def test_spot_pools_with_a_fallback_prefer_spot_nodes():
     assert "preferredDuringSchedulingIgnoredDuringExecution" not in node_affinity(existing)["nodeAffinity"]
 
 
-def test_spread_is_hard_across_nodes_and_soft_across_zones():
-    keys = {c["topologyKey"]: c["whenUnsatisfiable"] for c in topology_spread(model())}
-    assert keys == {"kubernetes.io/hostname": "DoNotSchedule", "topology.kubernetes.io/zone": "ScheduleAnyway"}
+def test_spread_is_hard_across_nodes_and_zones():
+    keys = {c["topologyKey"]: c["whenUnsatisfiable"] for c in topology_spread({"app": "x"}, 2)}
+    assert keys == {"kubernetes.io/hostname": "DoNotSchedule", "topology.kubernetes.io/zone": "DoNotSchedule"}
 
 
 def test_sidecar_reads_its_drain_reason_from_the_api_and_polls_no_metadata_server():
@@ -294,7 +294,8 @@ def test_hpa_fallback_uses_an_external_metric():
 
 
 def test_alerts_cover_every_required_signal():
-    rules = alert_rules(model(), "llama", "llm-serving", AlertThresholds(queue_backlog=20, ttft_p99_seconds=2.5))
+    rules = alert_rules(model(), "llama", "llm-serving", AlertThresholds(queue_backlog=20, ttft_p99_seconds=2.5),
+                        AlertSignals(cuda_tracing=True, spot=True))
     by = {r["alert"]: r for r in rules}
     assert set(by) == {"VllmQueueBacklog", "VllmKvCacheNearlyFull", "VllmTtftP99High", "CudaLaunchStall", "VllmSpotDrainStarted"}
     assert "vllm:num_requests_waiting" in by["VllmQueueBacklog"]["expr"] and "> 20" in by["VllmQueueBacklog"]["expr"]
@@ -311,6 +312,19 @@ def test_alerts_cover_every_required_signal():
         assert r["labels"]["severity"] in {"info", "warning", "critical"}
 
 
+@pytest.mark.parametrize("cuda, spot, absent", [
+    (False, True, {"CudaLaunchStall"}),
+    (True, False, {"VllmSpotDrainStarted"}),
+    (False, False, {"CudaLaunchStall", "VllmSpotDrainStarted"}),
+])
+def test_an_alert_is_rendered_only_with_the_signal_it_watches(cuda, spot, absent):
+    """CudaLaunchStall reads the agent's CUDA histogram, which exists only with cuda_uprobes on
+    (off by default); a spot-drain alert on an on-demand pool can never fire."""
+    every = {r["alert"] for r in alert_rules(model(), "llama", "ns", AlertThresholds(), AlertSignals(True, True))}
+    got = {r["alert"] for r in alert_rules(model(), "llama", "ns", AlertThresholds(), AlertSignals(cuda, spot))}
+    assert got == every - absent
+
+
 def test_cuda_metric_is_the_one_the_ebpf_agent_exports():
     agent = (ROOT / "bpf" / "agent" / "metrics.py").read_text()
     assert f'"{CUDA_METRIC}"' in agent
@@ -319,7 +333,7 @@ def test_cuda_metric_is_the_one_the_ebpf_agent_exports():
 
 def test_rule_groups_have_names():
     spec = prometheus_rule_spec(model(), "llama", "ns", AlertThresholds())
-    assert spec["groups"][0]["name"] == "vllm-llama" and len(spec["groups"][0]["rules"]) == 5
+    assert spec["groups"][0]["name"] == "vllm-llama" and len(spec["groups"][0]["rules"]) == 4
 
 
 def test_dashboard_covers_the_required_panels():
@@ -381,7 +395,8 @@ def test_pod_regex_matches_only_its_own_deployments_pods(name, extra, rs, suffix
 
 def test_ebpf_series_of_a_tier_exclude_the_longer_named_tier():
     economy_pod = "llama-70b-economy-7d9f8c6b5-x2k9q"
-    rules = {r["alert"]: r for r in alert_rules(model(name="llama-70b"), "llama-70b", "ns", AlertThresholds())}
+    rules = {r["alert"]: r for r in alert_rules(model(name="llama-70b"), "llama-70b", "ns", AlertThresholds(),
+                                                AlertSignals(cuda_tracing=True))}
     exprs = [rules["CudaLaunchStall"]["expr"]] + [
         t["expr"] for p in dashboard(model(name="llama-70b"), "llama-70b", "ns")["panels"]
         for t in p["targets"] if "ebpf_" in t["expr"]

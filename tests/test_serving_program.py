@@ -181,8 +181,11 @@ def test_pdb_monitoring_rules_dashboard_and_autoscaler_exist(any_run):
         rules = one(kids, "kubernetes:monitoring.coreos.com/v1:PrometheusRule", comp).inputs
         assert rules["metadata"]["labels"]["release"] == release, comp.urn
         alerts = {r["alert"] for g in rules["spec"]["groups"] for r in g["rules"]}
-        assert {"VllmQueueBacklog", "VllmKvCacheNearlyFull", "VllmTtftP99High", "CudaLaunchStall",
-                "VllmSpotDrainStarted"} <= alerts, comp.urn
+        cuda = cfg.ebpf_agent.enabled and cfg.ebpf_agent.cuda_uprobes.enabled
+        spot = cfg.pool(p.cluster, p.pool).capacity == "spot"
+        assert {"VllmQueueBacklog", "VllmKvCacheNearlyFull", "VllmTtftP99High"} <= alerts, comp.urn
+        assert ("CudaLaunchStall" in alerts) == cuda, comp.urn
+        assert ("VllmSpotDrainStarted" in alerts) == spot, comp.urn
         dash = [c for c in kids.get("kubernetes:core/v1:ConfigMap", [])
                 if c.inputs["metadata"]["labels"].get("grafana_dashboard") == "1"]
         assert len(dash) == 1, comp.urn

@@ -12,6 +12,7 @@ import pulumi_kubernetes as k8s
 from components.platform.config import Namespaces, ObservabilityConfig
 from components.platform.network_policy import ALLOW_NAME, DEFAULT_DENY_NAME, default_deny_ingress_spec, serving_allow_spec
 from components.options import inherited_depends_on
+from components.platform.alerting import ALERT_SECRET_NAME, secret_file_key, unrouted_warning
 from components.platform.addons_values import KEDA_CHART, KEDA_RELEASE, KPS_CHART, ChartPin, keda_values, kps_values
 
 
@@ -22,6 +23,8 @@ class PlatformAddonsArgs:
     labels: dict[str, str]
     namespace_labels: dict[str, dict[str, str]] = field(default_factory=dict)
     """Extra labels per namespace role (`system`, `serving`): the Pod Security admission labels."""
+    alert_secrets: dict[str, pulumi.Output[str]] = field(default_factory=dict)
+    """The alert receivers' credentials (Pulumi secrets), by config key."""
 
 
 class PlatformAddons(pulumi.ComponentResource):
@@ -68,6 +71,7 @@ class PlatformAddons(pulumi.ComponentResource):
                 f"{name}-kube-prometheus-stack", KPS_CHART, o.prometheus_release_label,
                 o.monitoring_namespace, kps_values(o), child,
             )
+            self._alert_receivers_secret(name, args, self.releases["kube-prometheus-stack"])
         if o.install_keda:
             self.releases["keda"] = self._release(
                 f"{name}-keda", KEDA_CHART, KEDA_RELEASE, o.keda_namespace, keda_values(), child
@@ -79,6 +83,25 @@ class PlatformAddons(pulumi.ComponentResource):
                 "prometheusUrl": self.prometheus_url,
                 "helmReleases": sorted(self.releases),
             }
+        )
+
+    def _alert_receivers_secret(self, name: str, args: PlatformAddonsArgs, release: k8s.helm.v3.Release) -> None:
+        """The Secret Alertmanager mounts its receivers' credentials from. It follows the release,
+        which creates the monitoring namespace; until it exists the Alertmanager pod waits in
+        ContainerCreating (the kubelet retries a missing Secret volume). Values stay Pulumi secrets."""
+        a = args.observability.alerting
+        warning = unrouted_warning(a)
+        if warning:
+            pulumi.log.warn(warning, resource=self)
+        if not a.secret_keys():
+            return
+        k8s.core.v1.Secret(
+            f"{name}-alert-receivers",
+            metadata=k8s.meta.v1.ObjectMetaArgs(
+                name=ALERT_SECRET_NAME, namespace=args.observability.monitoring_namespace, labels=args.labels),
+            type="Opaque",
+            string_data={secret_file_key(k): pulumi.Output.secret(args.alert_secrets[k]) for k in a.secret_keys()},
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[release]),
         )
 
     @staticmethod

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from components.platform.alerting import ALERT_SECRET_NAME, alertmanager_config
 from components.platform.config import ObservabilityConfig
 
 
@@ -62,9 +63,15 @@ def keda_values() -> dict[str, Any]:
 
 def kps_values(o: ObservabilityConfig) -> dict[str, Any]:
     """Prometheus picks up ServiceMonitors/PrometheusRules labelled `release: <release>` in any
-    namespace; Grafana loads ConfigMaps labelled `grafana_dashboard: "1"` from any namespace."""
+    namespace; Grafana loads ConfigMaps labelled `grafana_dashboard: "1"` from any namespace.
+    Alertmanager gets the whole routing config (components/platform/alerting.py) and, when a receiver
+    needs a credential, mounts the Secret holding them (`alertmanagerSpec.secrets`)."""
+    alertmanager: dict[str, Any] = {"config": alertmanager_config(o.alerting)}
+    if o.alerting.secret_keys():
+        alertmanager["alertmanagerSpec"] = {"secrets": [ALERT_SECRET_NAME]}
     return {
         "crds": {"enabled": True},
+        "alertmanager": alertmanager,
         "prometheus": {
             "prometheusSpec": {
                 "serviceMonitorSelectorNilUsesHelmValues": True,

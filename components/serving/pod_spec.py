@@ -15,6 +15,7 @@ from typing import Any, Optional
 
 from components.platform.cluster_handle import CAPACITY_LABEL, POOL_LABEL, GpuPoolInfo, node_selector_term
 from components.serving.config import ModelConfig, Placement, spot_drain_budget_s
+from components.serving.spread import topology_spread
 from components.serving.vllm_args import VLLM_COMMAND, vllm_args
 
 IMAGE_RUNTIME_DIR = "/opt/gpuinfra/runtime"
@@ -165,27 +166,6 @@ def node_affinity(pool: GpuPoolInfo) -> dict[str, Any]:
             {"weight": 100, "preference": {"matchExpressions": [{"key": CAPACITY_LABEL, "operator": "In", "values": ["spot"]}]}}
         ]
     return {"nodeAffinity": affinity}
-
-
-def topology_spread(m: ModelConfig) -> list[dict[str, Any]]:
-    """Spread replicas over nodes (hard: one spot reclaim must not take two) and zones (soft)."""
-    sel = {"matchLabels": selector_labels(m)}
-    return [
-        {
-            "maxSkew": 1,
-            "topologyKey": "kubernetes.io/hostname",
-            "whenUnsatisfiable": "DoNotSchedule",
-            "labelSelector": sel,
-            "matchLabelKeys": ["pod-template-hash"],
-        },
-        {
-            "maxSkew": 1,
-            "topologyKey": "topology.kubernetes.io/zone",
-            "whenUnsatisfiable": "ScheduleAnyway",
-            "labelSelector": sel,
-            "matchLabelKeys": ["pod-template-hash"],
-        },
-    ]
 
 
 def volumes(m: ModelConfig, name: str, pool_host_path: Optional[str] = None) -> list[dict[str, Any]]:
@@ -385,7 +365,6 @@ def pod_spec(
         "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
         "affinity": node_affinity(pool),
         "tolerations": [dict(t) for t in pool.tolerations],
-        "topologySpreadConstraints": topology_spread(m),
         "initContainers": init,
         "containers": [vllm_container(m, pool, hf_secret)],
         "volumes": volumes(m, name, pool.cache_host_path),
@@ -419,7 +398,8 @@ def deployment_spec(
                     PRESTOP_ANNOTATION: str(m.prestop_timeout_s),
                 },
             },
-            "spec": pod_spec(m, name, pool, cloud, spot_notice_s, hf_secret, runtime_image),
+            "spec": {**pod_spec(m, name, pool, cloud, spot_notice_s, hf_secret, runtime_image),
+                     "topologySpreadConstraints": topology_spread(selector_labels(m), placement.max_replicas)},
         },
     }
     if not m.autoscaling.enabled:

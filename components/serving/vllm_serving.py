@@ -14,7 +14,7 @@ from typing import Optional
 import pulumi
 import pulumi_kubernetes as k8s
 
-from components.serving.alerts import prometheus_rule_spec
+from components.serving.alerts import AlertSignals, prometheus_rule_spec
 from components.platform.cluster_handle import GpuPoolInfo
 from components.platform.config import ObservabilityConfig
 from components.serving.config import ModelConfig, Placement
@@ -65,6 +65,8 @@ class VllmServingArgs:
     """The runtime image by digest (ProjectImages.refs["runtime"]): drain sidecar and pre-warm."""
     prometheus_url: Optional[str] = None
     """Overrides observability.prometheus_url for the autoscaler (PlatformAddons.prometheus_url)."""
+    cuda_tracing: bool = False
+    """The cluster's eBPF agent traces CUDA calls (renders the CudaLaunchStall alert)."""
 
 
 class VllmServing(pulumi.ComponentResource):
@@ -194,12 +196,13 @@ class VllmServing(pulumi.ComponentResource):
             spec=service_monitor_spec(m),
             opts=child,
         )
+        signals = AlertSignals(cuda_tracing=args.cuda_tracing, spot=args.pool.capacity == "spot")
         k8s.apiextensions.CustomResource(
             f"{name}-rules",
             api_version="monitoring.coreos.com/v1",
             kind="PrometheusRule",
             metadata=meta(app, release),
-            spec=ns.apply(lambda n: prometheus_rule_spec(m, app, n, o.alerts)),
+            spec=ns.apply(lambda n: prometheus_rule_spec(m, app, n, o.alerts, signals)),
             opts=child,
         )
         if o.grafana_dashboards:
