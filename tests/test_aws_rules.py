@@ -26,7 +26,7 @@ from components.aws.facts import (
     NAME_LIMITS,
     PULUMI_AUTONAME_SUFFIX,
     ami_alias_problem,
-    control_plane_zones,
+    pick_zone_ids,
     is_arm64_family,
 )
 from components.aws.iam import assume_role_ec2, controller_policy
@@ -136,12 +136,18 @@ def test_default_alias_serves_every_supported_version():
 
 
 def test_zones_are_picked_by_id_and_skip_those_eks_refuses():
-    names = ["us-east-1a", "us-east-1b", "us-east-1c", "us-east-1d"]
-    ids = ["use1-az1", "use1-az3", "use1-az2", "use1-az4"]
-    assert control_plane_zones(names, ids, 3) == [("us-east-1a", "use1-az1"), ("us-east-1c", "use1-az2"), ("us-east-1d", "use1-az4")]
-    assert EKS_UNSUPPORTED_ZONE_IDS == {"use1-az3", "usw1-az2", "cac1-az3"}
+    ids = ["use1-bos1-az1", "use1-az1", "use1-az3", "use1-az2", "use1-az4"]
+    # use1-az3: no EKS control planes; use1-bos1-az1: a Local Zone (not an Availability Zone ID).
+    assert pick_zone_ids(ids, 3) == ["use1-az1", "use1-az2", "use1-az4"]
     with pytest.raises(ValueError, match="network.availability_zones: 4 requested .* allowed: at most 3"):
-        control_plane_zones(names, ids, 4)
+        pick_zone_ids(ids, 4)
+
+
+def test_zone_pick_ignores_order_and_zones_added_later():
+    """Numeric zone-ID order (az10 after az9), whatever order AWS lists them in."""
+    ids = [f"usw2-az{i}" for i in (10, 2, 1, 9)]
+    assert pick_zone_ids(ids, 3) == ["usw2-az1", "usw2-az2", "usw2-az9"]
+    assert pick_zone_ids(list(reversed(ids)) + ["usw2-lax1-az1", "usw2-wl1-las-wlz1"], 3) == pick_zone_ids(ids, 3)
 
 
 # --- instance types ---------------------------------------------------------------------------

@@ -30,7 +30,7 @@ from components.aws.eks import (
     endpoint_from_kubeconfig,
     system_node_taints,
 )
-from components.aws.facts import control_plane_zones
+from components.aws.facts import AVAILABILITY_ZONE_FILTERS, pick_zone_ids
 from components.aws.karpenter_specs import pool_cache_disk
 from components.aws.names import iam_role_name
 from components.aws.network import nat_gateway_count, subnet_layout
@@ -75,9 +75,6 @@ class AwsGpuCluster(pulumi.ComponentResource):
         on_aws = pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(provider=aws_provider))
 
         # --- network ------------------------------------------------------------------------
-        azs = aws.get_availability_zones_output(
-            state="available", opts=pulumi.InvokeOutputOptions(provider=aws_provider)
-        )
         vpc = aws.ec2.Vpc(
             f"{name}-vpc",
             cidr_block=str(c.network.vpc_cidr),
@@ -95,18 +92,16 @@ class AwsGpuCluster(pulumi.ComponentResource):
         )
         private_ids, public_ids, nats = [], [], []
         nat_count = nat_gateway_count(c.network.availability_zones, c.network.single_nat_gateway)
-        zones = pulumi.Output.all(azs.names, azs.zone_ids).apply(
-            lambda a: control_plane_zones(a[0], a[1], c.network.availability_zones)
-        )
+        zones, subnet_opts = availability_zone_ids(c, aws_provider, on_aws)
         for plan in subnet_layout(c.network.vpc_cidr, c.network.availability_zones):
-            az = zones.apply(lambda z, i=plan.az_index: z[i][1])
+            az = zones[plan.az_index]
             public = aws.ec2.Subnet(
                 f"{name}-public-{plan.az_index}",
                 vpc_id=vpc.id,
                 cidr_block=str(plan.public),
                 availability_zone_id=az,
                 tags={"Name": f"{c.name}-public-{plan.az_index}", "kubernetes.io/role/elb": "1"},
-                opts=on_aws,
+                opts=subnet_opts,
             )
             aws.ec2.RouteTableAssociation(
                 f"{name}-public-{plan.az_index}", subnet_id=public.id, route_table_id=public_rt.id, opts=on_aws
@@ -132,7 +127,7 @@ class AwsGpuCluster(pulumi.ComponentResource):
                     "kubernetes.io/role/internal-elb": "1",
                     DISCOVERY_TAG: c.name,
                 },
-                opts=on_aws,
+                opts=subnet_opts,
             )
             private_rt = aws.ec2.RouteTable(
                 f"{name}-private-{plan.az_index}",
@@ -327,6 +322,24 @@ class AwsGpuCluster(pulumi.ComponentResource):
                 "nodePools": {k: list(v) for k, v in self.karpenter.nodepool_names.items()},
             }
         )
+
+
+def availability_zone_ids(
+    c: AwsCluster, aws_provider: aws.Provider, on_aws: pulumi.ResourceOptions
+) -> tuple[list[pulumi.Input[str]], pulumi.ResourceOptions]:
+    """The subnets' zone IDs and their resource options. Zone IDs from config are used as given. Else
+    they are read from the region (Availability Zones only, picked by zone ID, `pick_zone_ids`), and
+    the subnets ignore later changes of `availabilityZoneId`: the zone a subnet was created in stays
+    in state, whatever AWS lists on a later `up`."""
+    if c.network.zone_ids:
+        return list(c.network.zone_ids), on_aws
+    azs = aws.get_availability_zones_output(
+        filters=[aws.GetAvailabilityZonesFilterArgs(**f) for f in AVAILABILITY_ZONE_FILTERS],
+        opts=pulumi.InvokeOutputOptions(provider=aws_provider),
+    )
+    picked = azs.zone_ids.apply(lambda ids: pick_zone_ids(ids, c.network.availability_zones))
+    ids = [picked.apply(lambda z, i=i: z[i]) for i in range(c.network.availability_zones)]
+    return ids, pulumi.ResourceOptions.merge(on_aws, pulumi.ResourceOptions(ignore_changes=["availabilityZoneId"]))
 
 
 def aws_pool_info(pool, native_names: tuple[str, ...]):

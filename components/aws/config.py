@@ -9,7 +9,14 @@ from typing import Annotated, Literal
 from pydantic import ConfigDict, Field, StringConstraints, field_validator, model_validator
 
 from components.aws.disks import ModelCache
-from components.aws.facts import DEFAULT_AMI_RELEASE, INSTANCE_TYPE, ami_alias_problem, is_arm64_family
+from components.aws.facts import (
+    DEFAULT_AMI_RELEASE,
+    EKS_UNSUPPORTED_ZONE_IDS,
+    INSTANCE_TYPE,
+    ZONE_ID,
+    ami_alias_problem,
+    is_arm64_family,
+)
 from components.catalog import InstanceType, load_catalog
 from components.config_types import AWS_SPOT_NOTICE_S, Base, Cidr, Duration, Name, allowed
 from components.node_pools import GpuPoolBase, KubeletNumaConfig, cpuset_cpus, reserved_cpus_for
@@ -98,6 +105,36 @@ class AwsNetwork(Base):
     """Number of AZs with subnets."""
     single_nat_gateway: bool = False
     """One NAT gateway instead of one per AZ (cheaper, not zone-redundant)."""
+    zone_ids: list[str] = Field(default_factory=list)
+    """Availability Zone IDs of the subnets, in order (e.g. `[use1-az1, use1-az2, use1-az4]`): pins
+    them in config. Empty: the first `availability_zones` Availability Zones of the region by zone
+    ID, read on the first `up` and then kept in state (a later change in what AWS lists never moves
+    a subnet)."""
+
+    @field_validator("zone_ids")
+    @classmethod
+    def _zone_ids(cls, v: list[str]) -> list[str]:
+        bad = [z for z in v if not ZONE_ID.match(z)]
+        if bad:
+            raise ValueError(
+                f"{bad} are not Availability Zone IDs; allowed: IDs such as use1-az1 (`aws ec2 "
+                f"describe-availability-zones --filters Name=zone-type,Values=availability-zone`), no Local Zones"
+            )
+        refused = sorted(set(v) & EKS_UNSUPPORTED_ZONE_IDS)
+        if refused:
+            raise ValueError(f"{refused}: EKS creates no control plane there; allowed: other zone IDs of the region")
+        if len(set(v)) != len(v):
+            raise ValueError(f"{v} names a zone twice; allowed: distinct zone IDs")
+        return v
+
+    @model_validator(mode="after")
+    def _zone_count(self):
+        if self.zone_ids and len(self.zone_ids) != self.availability_zones:
+            raise ValueError(
+                f"zone_ids: {len(self.zone_ids)} zones for availability_zones: {self.availability_zones}; "
+                f"allowed: exactly {self.availability_zones} zone IDs (or none)"
+            )
+        return self
 
 
 class EksEndpoint(Base):

@@ -1,0 +1,78 @@
+"""The AWS cluster's first `up` and every later one: zones, the API endpoint the deployer reaches, and
+the CNI guard, through the whole program under mocks."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from tests.support import assert_config_error
+from tools import mock_outputs
+from tools.offline import ProgramRun, run_program, stack_config
+
+SUBNET = "aws:ec2/subnet:Subnet"
+
+
+def subnets(run: ProgramRun) -> dict[str, dict]:
+    return {r.name: r.inputs for r in run.by_type(SUBNET)}
+
+
+# --- zones ---------------------------------------------------------------------------------------
+# EC2 DescribeAvailabilityZones filters `zone-type` (availability-zone | local-zone |
+# wavelength-zone) and `opt-in-status` (EC2 API reference, DescribeAvailabilityZones); EKS places no
+# control plane in Local Zones (EKS user guide, "View Amazon EKS networking requirements for VPC and
+# subnets"). Zone names map to different zones per account, zone IDs do not (AWS RAM user guide,
+# "Availability Zone IDs for your AWS resources").
+
+
+def test_a_reordered_zone_list_with_a_new_local_zone_changes_no_subnet(monkeypatch):
+    first = run_program("dev")
+    later = list(reversed(mock_outputs.AWS_ZONES)) + [
+        ("us-east-1-atl-2a", "use1-atl2-az1", "local-zone", "opted-in", "available"),
+        ("us-east-1-wl1-bos-wlz-1", "use1-wl1-bos-wlz1", "wavelength-zone", "opted-in", "available"),
+    ]
+    # A zone AWS now reports impaired still counts: losing it must not shift the others.
+    later = [(n, z, t, o, "impaired" if z == "use1-az1" else s) for n, z, t, o, s in later]
+    monkeypatch.setattr(mock_outputs, "AWS_ZONES", later)
+    second = run_program("dev")
+    assert subnets(first) and subnets(second) == subnets(first)
+    ids = sorted({i["availabilityZoneId"] for i in subnets(first).values()})
+    assert ids == ["use1-az1", "use1-az2"], ids  # not the Local Zone listed first, not use1-az3
+
+
+def test_zones_read_from_the_region_stay_in_state():
+    """Subnets whose zones were read from the region ignore later changes of `availabilityZoneId`
+    (Pulumi `ignoreChanges`): the zone a subnet was created in is kept."""
+    run = run_program("dev")
+    for r in run.by_type(SUBNET):
+        assert r.ignore_changes == ["availabilityZoneId"], r.urn
+
+
+def test_zone_ids_in_config_are_used_as_given():
+    run = run_program("prod")
+    (aws,) = [c for c in stack_config("prod")["gpu-inference-platform:clusters"] if c["cloud"] == "aws"]
+    want = aws["network"]["zone_ids"]
+    private = [run.get(SUBNET, f"prod-use1-private-{i}") for i in range(len(want))]
+    assert [s.inputs["availabilityZoneId"] for s in private] == want
+    assert all(s.ignore_changes == [] for s in private), "config is authoritative: a change there moves the subnet"
+
+
+def dev_with(**network) -> dict:
+    cfg = copy.deepcopy(stack_config("dev"))
+    cfg["gpu-inference-platform:clusters"][0]["network"].update(network)
+    return cfg
+
+
+@pytest.mark.parametrize(
+    "case,network,fragments",
+    [
+        ("local-zone", {"zone_ids": ["use1-az1", "use1-bos1-az1"]}, ["network.zone_ids", "use1-bos1-az1", "Local Zones"]),
+        ("eks-refused", {"zone_ids": ["use1-az1", "use1-az3"]}, ["network.zone_ids", "use1-az3", "EKS creates no control plane"]),
+        ("count", {"zone_ids": ["use1-az1"]}, ["network", "zone_ids: 1 zones for availability_zones: 2"]),
+        ("twice", {"zone_ids": ["use1-az1", "use1-az1"]}, ["network.zone_ids", "twice"]),
+    ],
+)
+def test_bad_zone_ids_fail_before_anything_is_created(case, network, fragments):
+    run = run_program("dev", config=dev_with(**network), raise_errors=False)
+    assert_config_error(run, case, fragments)
