@@ -69,6 +69,7 @@ class StackConfig(Base):
         errors += _prod_fallback(self)
         errors += _interruption_queue(self)
         errors += _aws_ami_pinned(self)
+        errors += _aws_endpoint_restricted(self)
         errors += _ebpf_agent_ports(self)
         if not errors:
             errors += _placements(self)
@@ -142,6 +143,17 @@ def _aws_ami_pinned(s: StackConfig) -> list[str]:
         f"recommends today; allowed in prod: a pinned release such as al2023@{DEFAULT_AMI_RELEASE}"
         for i, c in enumerate(s.clusters)
         if isinstance(c, AwsCluster) and c.karpenter.ami_alias.endswith("@latest")
+    ]
+
+
+def _aws_endpoint_restricted(s: StackConfig) -> list[str]:
+    if s.environment != "prod":
+        return []
+    return [
+        f"clusters[{i}].endpoint.public_access_cidrs: 0.0.0.0/0 opens the prod API server's public endpoint "
+        f"to the internet; allowed in prod: the deployer's egress CIDRs only (CI runners' NAT, VPN)"
+        for i, c in enumerate(s.clusters)
+        if isinstance(c, AwsCluster) and c.endpoint.open_to_internet
     ]
 
 

@@ -76,3 +76,37 @@ def dev_with(**network) -> dict:
 def test_bad_zone_ids_fail_before_anything_is_created(case, network, fragments):
     run = run_program("dev", config=dev_with(**network), raise_errors=False)
     assert_config_error(run, case, fragments)
+
+
+# --- how the deployer reaches the API server on the first `up` -------------------------------------
+# The stack creates the VPC, so on the first `up` no deployer is inside it: with the public endpoint
+# off, the endpoint "can only be accessed from within the VPC" and from networks connected to it (EKS
+# user guide, "Cluster API server endpoint": https://docs.aws.amazon.com/eks/latest/userguide/cluster-endpoint.html).
+# The choice: private endpoint for the nodes, public endpoint limited to `public_access_cidrs`
+# (pulumi-eks 4.4.0 ClusterArgs `endpointPrivateAccess`, `endpointPublicAccess`, `publicAccessCidrs`).
+
+
+def test_a_private_only_endpoint_is_refused_with_the_way_out():
+    cfg = copy.deepcopy(stack_config("dev"))
+    cfg["gpu-inference-platform:clusters"][0]["endpoint"] = {"private_access": True, "public_access": False}
+    run = run_program("dev", config=cfg, raise_errors=False)
+    assert_config_error(run, "private-only", ["endpoint", "public_access: false", "first `pulumi up`", "public_access_cidrs"])
+
+
+def test_prod_refuses_an_endpoint_open_to_the_internet():
+    cfg = copy.deepcopy(stack_config("prod"))
+    cfg["gpu-inference-platform:clusters"][0]["endpoint"]["public_access_cidrs"] = ["198.51.100.0/24", "0.0.0.0/0"]
+    run = run_program("prod", config=cfg, raise_errors=False)
+    assert_config_error(run, "prod-open", ["clusters[0].endpoint.public_access_cidrs", "0.0.0.0/0", "egress CIDRs"])
+
+
+def test_the_prod_endpoint_policy_admits_only_a_restricted_public_endpoint():
+    from tests.test_policies_issue18_rules import eks, run as run_rule
+
+    rule = "aws-eks-cluster-private-endpoint"
+    restricted = {"endpointPrivateAccess": True, "endpointPublicAccess": True, "publicAccessCidrs": ["198.51.100.0/24"]}
+    assert run_rule([eks(vpcConfig=restricted)], rule) == []
+    for cidrs in (["0.0.0.0/0"], None):
+        vpc = {**restricted, "publicAccessCidrs": cidrs}
+        vs = run_rule([eks(vpcConfig=vpc)], rule)
+        assert len(vs) == 1 and "publicAccessCidrs" in vs[0].message, (cidrs, vs)

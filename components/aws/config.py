@@ -139,11 +139,31 @@ class AwsNetwork(Base):
 
 class EksEndpoint(Base):
     private_access: bool = True
-    """Private API endpoint inside the VPC."""
+    """Private API endpoint inside the VPC (the nodes, Cilium and in-VPC clients use it)."""
     public_access: bool = True
-    """Public API endpoint."""
-    public_access_cidrs: list[Cidr] = Field(default_factory=lambda: [ipaddress.IPv4Network("0.0.0.0/0")])
-    """CIDRs allowed to the public endpoint."""
+    """Public API endpoint, open only to `public_access_cidrs`: how the deployer (a laptop, a CI
+    runner) reaches the API server, from the first `up` on. Must stay true: this stack creates the
+    VPC, so no deployer is inside it on the first `up`."""
+    public_access_cidrs: list[Cidr] = Field(
+        default_factory=lambda: [ipaddress.IPv4Network("0.0.0.0/0")], min_length=1, max_length=40
+    )
+    """CIDRs allowed to the public endpoint: the deployer's egress ranges (CI runners' NAT, VPN). At
+    most 40 (EKS quota "public endpoint access CIDR ranges per cluster"); `0.0.0.0/0` is refused in prod."""
+
+    @model_validator(mode="after")
+    def _deployer_reaches_the_api(self):
+        if not self.public_access:
+            raise ValueError(
+                "public_access: false leaves the API server reachable only inside the VPC this stack "
+                "creates, so the first `pulumi up` (Cilium, Helm releases, Karpenter objects, applied from "
+                "the deployer's machine) cannot reach it; allowed: true, with public_access_cidrs set to "
+                "the deployer's egress CIDRs (CI runners' NAT, VPN)"
+            )
+        return self
+
+    @property
+    def open_to_internet(self) -> bool:
+        return any(n.prefixlen == 0 for n in self.public_access_cidrs)
 
 
 class SystemNodeGroup(Base):
