@@ -60,7 +60,12 @@ def build_layers(loaded: LoadedConfig, handle: ClusterHandle) -> ClusterLayers:
     on_cluster = pulumi.ResourceOptions(provider=handle.provider, depends_on=handle.ready_after)
     addons = PlatformAddons(
         f"{handle.name}-addons",
-        PlatformAddonsArgs(namespaces=cfg.namespaces, observability=cfg.observability, labels=labels),
+        PlatformAddonsArgs(
+            namespaces=cfg.namespaces,
+            observability=cfg.observability,
+            labels=labels,
+            system_namespace_needed=cfg.ebpf_agent.enabled,
+        ),
         opts=on_cluster,
     )
     after_addons = pulumi.ResourceOptions(provider=handle.provider, depends_on=[addons])

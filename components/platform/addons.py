@@ -20,6 +20,9 @@ class PlatformAddonsArgs:
     namespaces: Namespaces
     observability: ObservabilityConfig
     labels: dict[str, str]
+    system_namespace_needed: bool = True
+    """Create the system namespace (only the eBPF agent lives there). A tenant that reuses another
+    stack's agent creates none, so it never owns that stack's namespace."""
 
 
 class PlatformAddons(pulumi.ComponentResource):
@@ -38,13 +41,18 @@ class PlatformAddons(pulumi.ComponentResource):
         child = pulumi.ResourceOptions(parent=self, depends_on=inherited_depends_on(opts))
         o = args.observability
         ns = {}
-        for role, ns_name in (("system", args.namespaces.system), ("serving", args.namespaces.serving)):
+        roles = [("serving", args.namespaces.serving)]
+        if args.system_namespace_needed:
+            roles.insert(0, ("system", args.namespaces.system))
+        for role, ns_name in roles:
             ns[role] = k8s.core.v1.Namespace(
                 f"{name}-ns-{role}",
                 metadata=k8s.meta.v1.ObjectMetaArgs(name=ns_name, labels=args.labels),
                 opts=child,
             )
-        self.system_namespace = ns["system"].metadata.name
+        self.system_namespace = (
+            ns["system"].metadata.name if "system" in ns else pulumi.Output.from_input(args.namespaces.system)
+        )
         self.serving_namespace = ns["serving"].metadata.name
         # The serving namespace denies ingress by default; only its own pods, Prometheus and
         # namespaces labeled as serving clients reach the models.
