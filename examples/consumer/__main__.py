@@ -19,7 +19,13 @@ provider = k8s.Provider("platform-cluster", kubeconfig=platform.kubeconfig(clust
 on_cluster = pulumi.ResourceOptions(provider=provider)
 labels = {"app.kubernetes.io/name": "chat-client"}
 
-ns = k8s.core.v1.Namespace("chat-client", metadata={"name": "chat-client"}, opts=on_cluster)
+# The serving namespace admits only namespaces carrying the labels the contract names
+# (`clusters.<cluster>.client_namespace_labels`, docs/contract.md "Onboarding a consumer").
+ns = k8s.core.v1.Namespace(
+    "chat-client",
+    metadata={"name": "chat-client", "labels": platform.client_namespace_labels(cluster)},
+    opts=on_cluster,
+)
 script = k8s.core.v1.ConfigMap(
     "chat-client-script",
     metadata={"namespace": ns.metadata.name, "labels": labels},
