@@ -110,3 +110,36 @@ def test_the_prod_endpoint_policy_admits_only_a_restricted_public_endpoint():
         vpc = {**restricted, "publicAccessCidrs": cidrs}
         vs = run_rule([eks(vpcConfig=vpc)], rule)
         assert len(vs) == 1 and "publicAccessCidrs" in vs[0].message, (cidrs, vs)
+
+
+# --- the CNI guard, through the cluster's own provider -----------------------------------------
+# The default AWS provider needs `aws:region` or AWS_REGION, and reading through it failed the whole
+# program, GCP included, before anything was registered. The guard now invokes
+# `aws.eks.get_clusters`/`get_cluster` with the component's provider (its region comes from config)
+# and every AWS resource of that cluster waits for the result.
+
+
+def test_without_credentials_the_guard_names_what_is_missing_and_gcp_is_not_held_back(monkeypatch):
+    """A Pulumi program still ends at its first error, but nothing of GCP waits for the AWS guard:
+    GCP resources register while it runs (before, the default provider's region/credential error
+    ended the program before anything registered)."""
+    def no_credentials(args):
+        assert args.get("region") == "us-east-1", args  # the cluster's region, from config
+        # The provider refuses the invoke (a failure in the response, as the engine reports it).
+        return {}, [("", "No valid credential sources found")]
+
+    monkeypatch.setitem(mock_outputs.CALL_OUTPUTS, "aws:eks/getClusters:getClusters", no_credentials)
+    run = run_program("prod", raise_errors=False)
+    message = str(run.error)
+    for fragment in ("clusters[name=prod-use1]", "us-east-1", "No valid credential sources found",
+                     "needs AWS credentials", "eks:ListClusters"):
+        assert fragment in message, f"{fragment!r} not in {message}"
+    assert run.by_type("gcp:compute/network:Network"), "GCP resources must not wait for the AWS guard"
+    assert not run.by_type("aws:ec2/vpc:Vpc") and not run.by_type("eks:index:Cluster")
+
+
+def test_the_guard_reads_through_the_clusters_provider():
+    run = run_program("dev")
+    provider = run.get("pulumi:providers:aws", "dev-use1-aws")
+    vpc = run.get("aws:ec2/vpc:Vpc", "dev-use1-vpc")
+    assert provider.urn in vpc.dependencies, "every AWS resource waits for the guard"

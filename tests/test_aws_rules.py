@@ -4,6 +4,8 @@ refuses, EC2 instance-type names, partition-aware principals, the CNI switch gua
 
 from __future__ import annotations
 
+from components.config_loader import ConfigError
+
 import re
 
 import pytest
@@ -212,7 +214,17 @@ def test_turning_cilium_on_for_an_existing_cluster_fails_before_any_resource(mon
         lambda a: {"name": a.get("name"), "tags": {CNI_TAG: "aws-vpc-cni"}, "id": a.get("name")},
     )
     run = run_program("dev", raise_errors=False)
-    assert_config_error(run, "cilium-on-existing", ["cilium.enabled", "dev-use1", "bootstrapSelfManagedAddons"])
+    assert_guard_stopped(run, "cilium-on-existing", ["cilium.enabled", "dev-use1", "bootstrapSelfManagedAddons"])
+
+
+def assert_guard_stopped(run, case_id: str, fragments: list[str]) -> None:
+    """The CNI guard failed `run` with a ConfigError naming every fragment, and the cluster's component
+    registered nothing but itself and its providers (the guard reads through its AWS provider)."""
+    assert isinstance(run.error, ConfigError), f"{case_id}: expected a ConfigError, got {run.error!r}"
+    for fragment in fragments:
+        assert fragment in str(run.error), f"{case_id}: {fragment!r} not in error:\n{run.error}"
+    aws = [r for r in run.resources if r.type.startswith(("aws:", "eks:", "kubernetes:"))]
+    assert aws == [], f"{case_id}: registered despite the guard: {[r.urn for r in aws]}"
 
 
 def test_the_cluster_records_its_cni():

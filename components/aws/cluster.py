@@ -21,6 +21,7 @@ import pulumi_kubernetes as k8s
 
 from components.aws.eks import (
     CNI_TAG,
+    cni_guard_unreadable,
     SYSTEM_NODE_LABEL,
     SYSTEM_NODE_METADATA_OPTIONS,
     check_cni_unchanged,
@@ -37,6 +38,7 @@ from components.aws.network import nat_gateway_count, subnet_layout
 from components.aws.cilium import Cilium, CiliumArgs
 from components.platform.cluster_handle import GPU_TOLERATION, POOL_LABEL, ClusterHandle, pool_info
 from components.aws.config import AwsCluster
+from components.config_loader import ConfigError
 from components.config_types import Environment
 from components.aws.karpenter import Karpenter, KarpenterArgs
 from components.aws.device_plugin import (
@@ -64,15 +66,18 @@ class AwsGpuCluster(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: AwsGpuClusterArgs, opts: Optional[pulumi.ResourceOptions] = None):
         c = args.config
-        # Before anything is registered: a CNI switch on an existing cluster is refused.
-        check_cni_unchanged(c, existing_cluster_cni(c.name, c.region))
         super().__init__("gpuinfra:aws:AwsGpuCluster", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         tags = {**args.tags, "gpuinfra.io/cluster": c.name, "gpuinfra.io/environment": args.environment}
 
         # This component owns the cluster, so it owns the providers that reach it.
         aws_provider = aws.Provider(f"{name}-aws", region=c.region, default_tags={"tags": tags}, opts=child)
-        on_aws = pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(provider=aws_provider))
+        # The CNI guard reads the cluster through this provider (its region is the cluster's). Every
+        # AWS resource here waits for it: a CNI switch on an existing cluster, or no credentials to
+        # check, stops this cluster before any of its resources, and no other cluster of the stack.
+        cni = checked_cni_mode(c, aws_provider)
+        guarded = pulumi.ResourceOptions(depends_on=[cni.apply(lambda _: aws_provider)])
+        on_aws = pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(provider=aws_provider, depends_on=guarded.depends_on))
 
         # --- network ------------------------------------------------------------------------
         vpc = aws.ec2.Vpc(
@@ -162,10 +167,13 @@ class AwsGpuCluster(pulumi.ComponentResource):
             public_subnet_ids=public_ids,
             encryption_config_key_arn=kms_key.arn if kms_key else None,
             tags=tags,
-            cluster_tags={CNI_TAG: cni_mode(c)},
+            cluster_tags={CNI_TAG: cni},
             **eks_cluster_settings(c),
             opts=pulumi.ResourceOptions.merge(
-                child, pulumi.ResourceOptions(providers={"aws": aws_provider}, aliases=[pulumi.Alias(name=f"{name}-eks")])
+                child,
+                pulumi.ResourceOptions(
+                    providers={"aws": aws_provider}, aliases=[pulumi.Alias(name=f"{name}-eks")], depends_on=guarded.depends_on
+                ),
             ),
         )
         # The name we gave EKS, as an Output of the cluster so that users wait for it to exist.
@@ -348,10 +356,31 @@ def aws_pool_info(pool, native_names: tuple[str, ...]):
     return pool_info(pool, native_names, cache_read_mib_s=disk.read_mib_s, cache_host_path=disk.host_path)
 
 
-def existing_cluster_cni(cluster_name: str, region: str) -> Optional[str]:
-    """The CNI tag of an EKS cluster of that name that already exists in the region: `""` when it
-    has no tag, None when there is no such cluster (a first `pulumi up`)."""
-    names = aws.eks.get_clusters(region=region).names or []
-    if cluster_name not in names:
-        return None
-    return (aws.eks.get_cluster(name=cluster_name, region=region).tags or {}).get(CNI_TAG, "")
+def existing_cluster_cni(c: AwsCluster, provider: aws.Provider) -> pulumi.Output[Optional[str]]:
+    """The CNI tag of an EKS cluster named `c.name` that already exists in its region, read through
+    the component's own provider: `""` when it has no tag, None when there is no such cluster (a first
+    `pulumi up`). A read that fails (no credentials) fails with a message naming what is missing."""
+    opts = pulumi.InvokeOutputOptions(provider=provider)
+
+    def unreadable(err: Exception) -> None:
+        # `recover` takes the invoke's failure over, so the program fails with this message only.
+        raise ConfigError(cni_guard_unreadable(c, err))
+
+    def tag(names: list[str]) -> pulumi.Output[Optional[str]] | None:
+        if c.name not in names:
+            return None
+        found = aws.eks.get_cluster_output(name=c.name, region=c.region, opts=opts).recover(unreadable)
+        return found.apply(lambda r: (r.tags or {}).get(CNI_TAG, ""))
+
+    clusters = aws.eks.get_clusters_output(region=c.region, opts=opts).recover(unreadable)
+    return clusters.apply(lambda r: tag(r.names or []))
+
+
+def checked_cni_mode(c: AwsCluster, provider: aws.Provider) -> pulumi.Output[str]:
+    """The CNI the cluster is tagged with, once the existing cluster (if any) is known to agree."""
+    return existing_cluster_cni(c, provider).apply(lambda recorded: _checked(c, recorded))
+
+
+def _checked(c: AwsCluster, recorded: Optional[str]) -> str:
+    check_cni_unchanged(c, recorded)
+    return cni_mode(c)
