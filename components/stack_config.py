@@ -22,7 +22,7 @@ from components.config_types import Base, Environment, allowed
 from components.existing.config import ExistingCluster, ExistingGpuPool
 from components.gcp.config import GcpCluster, GcpGpuPool
 from components.node_pools import effective_reserved_cpus, pool_topology_policy
-from components.platform.config import Namespaces, ObservabilityConfig
+from components.platform.config import Consumer, Namespaces, ObservabilityConfig
 from components.router.config import RouterConfig
 from components.serving.config import ModelConfig, Placement, spot_drain_budget_s, worst_drain_s
 
@@ -44,6 +44,11 @@ class StackConfig(Base):
     observability: ObservabilityConfig = ObservabilityConfig()
     router: RouterConfig = RouterConfig()
     """The router in front of the replicas (primary -> economy overflow, same node first)."""
+    consumers: list[Consumer] = Field(default_factory=list)
+    """Other teams onboarded as consumers (docs/contract.md, "Onboarding a consumer")."""
+
+    def consumers_on(self, cluster: str) -> list[Consumer]:
+        return [c for c in self.consumers if not c.clusters or cluster in c.clusters]
 
     @cached_property
     def _cluster_index(self) -> dict[str, tuple[int, Any]]:
@@ -71,6 +76,7 @@ class StackConfig(Base):
         errors += _aws_ami_pinned(self)
         errors += _aws_endpoint_restricted(self)
         errors += _ebpf_agent_ports(self)
+        errors += _consumers(self)
         if not errors:
             errors += _placements(self)
         if errors:
@@ -155,6 +161,20 @@ def _aws_endpoint_restricted(s: StackConfig) -> list[str]:
         for i, c in enumerate(s.clusters)
         if isinstance(c, AwsCluster) and c.endpoint.open_to_internet
     ]
+
+
+def _consumers(s: StackConfig) -> list[str]:
+    errs = [f"consumers[].name: duplicate name '{d}'" for d in _dupes([c.name for c in s.consumers])]
+    errs += [f"consumers[].namespace: '{d}' given to two consumers" for d in _dupes([c.namespace for c in s.consumers])]
+    ours = {s.namespaces.serving, s.namespaces.system, s.observability.monitoring_namespace, s.observability.keda_namespace}
+    names = [c.name for c in s.clusters]
+    for i, c in enumerate(s.consumers):
+        if c.namespace in ours:
+            errs.append(f"consumers[{i}].namespace: '{c.namespace}' is one of the platform's namespaces; allowed: a namespace of the team's own")
+        unknown = [n for n in c.clusters if n not in names]
+        if unknown:
+            errs.append(f"consumers[{i}].clusters: {unknown} are not clusters of this stack; allowed: {allowed(names)}")
+    return errs
 
 
 def _ebpf_agent_ports(s: StackConfig) -> list[str]:

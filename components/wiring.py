@@ -25,6 +25,8 @@ from components.gcp.cluster import GcpGpuCluster, GcpGpuClusterArgs
 from components.serving.vllm_serving import VllmServing, VllmServingArgs
 from components.router.router import Router, RouterArgs
 from components.router.config import router_enabled
+from components.aws.consumer_access import EksConsumerAccess, EksConsumerAccessArgs
+from components.gcp.consumer_access import GkeConsumerAccess, GkeConsumerAccessArgs
 
 
 def platform_labels(cfg: StackConfig) -> dict[str, str]:
@@ -65,9 +67,11 @@ def build_layers(loaded: LoadedConfig, handle: ClusterHandle) -> ClusterLayers:
             observability=cfg.observability,
             labels=labels,
             system_namespace_needed=cfg.ebpf_agent.enabled,
+            consumers=tuple(cfg.consumers_on(handle.name)),
         ),
         opts=on_cluster,
     )
+    build_consumer_access(cfg, handle)
     after_addons = pulumi.ResourceOptions(provider=handle.provider, depends_on=[addons])
     agent = None
     if cfg.ebpf_agent.enabled:
@@ -116,6 +120,26 @@ def build_layers(loaded: LoadedConfig, handle: ClusterHandle) -> ClusterLayers:
             opts=pulumi.ResourceOptions(provider=handle.provider, depends_on=[addons, *layers.serving.values()]),
         )
     return layers
+
+
+def build_consumer_access(cfg: StackConfig, handle: ClusterHandle) -> None:
+    """Cloud identities of the teams onboarded on this cluster (their namespaces are the add-ons')."""
+    consumers = cfg.consumers_on(handle.name)
+    if handle.cloud == "aws" and any(c.aws_principal_arns for c in consumers):
+        EksConsumerAccess(
+            f"{handle.name}-consumer-access",
+            EksConsumerAccessArgs(
+                cluster_name=handle.cluster_name,
+                consumers=consumers,
+                serving_namespace=cfg.namespaces.serving,
+                aws_provider=handle.extras["aws_provider"],
+            ),
+        )
+    if handle.cloud == "gcp" and any(c.gcp_members for c in consumers):
+        GkeConsumerAccess(
+            f"{handle.name}-consumer-access",
+            GkeConsumerAccessArgs(project=handle.extras["project"], consumers=consumers),
+        )
 
 
 def build_platform(loaded: LoadedConfig) -> dict[str, ClusterLayers]:

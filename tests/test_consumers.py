@@ -55,3 +55,13 @@ def test_a_1_1_producer_still_tells_consumers_the_label(dev_run):
     assert parsed.clusters["dev-use1"].client_namespace_labels == {SERVING_CLIENT_LABEL: "true"}
     assert parsed.clusters["dev-use1"].serving_namespace is None
     assert CONFIG["cluster"] == "dev-use1"
+
+
+def test_an_onboarded_consumer_deploys_into_the_platforms_namespace(monkeypatch, dev_run):
+    """With `create_namespace: false` the example creates no Namespace (an onboarded team's rights are
+    namespace-scoped, and namespaces are cluster-scoped) and deploys into the one it names."""
+    run = _run_consumer(monkeypatch, dev_run.raw_outputs, config={**CONFIG, "namespace": "chat", "create_namespace": False})
+    assert run.error is None, run.log[-2000:]
+    assert not run.by_type("kubernetes:core/v1:Namespace")
+    dep = run.get("kubernetes:apps/v1:Deployment", "chat-client")
+    assert dep.raw_inputs["metadata"]["namespace"] == "chat", dep.urn

@@ -9,7 +9,8 @@ from typing import Optional
 import pulumi
 import pulumi_kubernetes as k8s
 
-from components.platform.config import Namespaces, ObservabilityConfig
+from components.platform.config import Consumer, Namespaces, ObservabilityConfig
+from components.platform.consumers import consumer_namespace_labels, role_bindings
 from components.platform.network_policy import ALLOW_NAME, DEFAULT_DENY_NAME, default_deny_ingress_spec, serving_allow_spec
 from components.options import inherited_depends_on
 from components.platform.addons_values import KEDA_CHART, KEDA_RELEASE, KPS_CHART, ChartPin, keda_values, kps_values
@@ -21,6 +22,9 @@ class PlatformAddonsArgs:
     observability: ObservabilityConfig
     labels: dict[str, str]
     system_namespace_needed: bool = True
+    consumers: tuple[Consumer, ...] = ()
+    """Teams onboarded on this cluster: their namespaces (admitted by the serving NetworkPolicy) and
+    the RoleBindings of their Google identities."""
     """Create the system namespace (only the eBPF agent lives there). A tenant that reuses another
     stack's agent creates none, so it never owns that stack's namespace."""
 
@@ -66,6 +70,7 @@ class PlatformAddons(pulumi.ComponentResource):
                 spec=spec,
                 opts=child,
             )
+        self._consumers(name, args, ns["serving"], child)
         self.prometheus_url = o.prometheus_url
         self.prometheus_release_label = o.prometheus_release_label
         self.releases = {}
@@ -86,6 +91,24 @@ class PlatformAddons(pulumi.ComponentResource):
                 "helmReleases": sorted(self.releases),
             }
         )
+
+    @staticmethod
+    def _consumers(name: str, args: PlatformAddonsArgs, serving: k8s.core.v1.Namespace, opts: pulumi.ResourceOptions) -> None:
+        for consumer in args.consumers:
+            own = k8s.core.v1.Namespace(
+                f"{name}-consumer-{consumer.name}",
+                metadata=k8s.meta.v1.ObjectMetaArgs(name=consumer.namespace, labels=consumer_namespace_labels(args.labels)),
+                opts=opts,
+            )
+            for b in role_bindings(consumer, args.namespaces.serving):
+                where = own if b["namespace"] == consumer.namespace else serving
+                k8s.rbac.v1.RoleBinding(
+                    f"{name}-consumer-{consumer.name}-{b['role']}",
+                    metadata=k8s.meta.v1.ObjectMetaArgs(name=b["name"], namespace=where.metadata.name, labels=args.labels),
+                    role_ref=k8s.rbac.v1.RoleRefArgs(api_group="rbac.authorization.k8s.io", kind="ClusterRole", name=b["role"]),
+                    subjects=b["subjects"],
+                    opts=opts,
+                )
 
     @staticmethod
     def _release(
