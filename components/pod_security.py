@@ -12,6 +12,10 @@ namespaces"). tests/test_pod_security_admission.py applies the upstream checks t
   root (Restricted requires runAsNonRoot); `privileged` when a model placed on the cluster keeps its
   cache on a hostPath (Baseline forbids hostPath volumes). The drain sidecar, pre-warm and router pass
   `restricted` on their own.
+- A consumer team's namespace (`consumers[]`) holds that team's own workloads, which the stack does
+  not render: `baseline` enforced (the level the Pod Security Standards call the minimally
+  restrictive default for ordinary workloads), `restricted` audited and warned, so the team sees what
+  would have to change to run at `restricted`.
 """
 
 from __future__ import annotations
@@ -27,11 +31,12 @@ PSA_PREFIX = "pod-security.kubernetes.io"
 MODES = ("enforce", "audit", "warn")
 
 
-def namespace_labels(level: Level, version: str) -> dict[str, str]:
-    """`<prefix>/<mode>` and `<prefix>/<mode>-version` for enforce, audit and warn."""
+def namespace_labels(level: Level, version: str, advise: Level | None = None) -> dict[str, str]:
+    """`<prefix>/<mode>` and `<prefix>/<mode>-version` for enforce, audit and warn; `advise`, when
+    given, is the level audited and warned at instead of the enforced one."""
     out: dict[str, str] = {}
     for mode in MODES:
-        out[f"{PSA_PREFIX}/{mode}"] = level
+        out[f"{PSA_PREFIX}/{mode}"] = level if mode == "enforce" or advise is None else advise
         out[f"{PSA_PREFIX}/{mode}-version"] = version
     return out
 
@@ -59,9 +64,10 @@ def serving_level(cfg: StackConfig, cluster: str) -> Level:
 
 
 def namespace_pod_security(cfg: StackConfig, cluster: Any) -> dict[str, dict[str, str]]:
-    """Namespace role (`system`, `serving`) -> its Pod Security admission labels."""
+    """Namespace role (`system`, `serving`, `consumer`) -> its Pod Security admission labels."""
     version = psa_version(cluster)
     return {
         "system": namespace_labels(system_level(cfg), version),
         "serving": namespace_labels(serving_level(cfg, cluster.name), version),
+        "consumer": namespace_labels("baseline", version, advise="restricted"),
     }

@@ -23,7 +23,7 @@ from components.existing.config import ExistingCluster, ExistingGpuPool
 from components.gcp.config import GcpCluster, GcpGpuPool
 from components.images.config import ImagesConfig
 from components.node_pools import effective_reserved_cpus, pool_topology_policy
-from components.platform.config import Namespaces, ObservabilityConfig
+from components.platform.config import Consumer, Namespaces, ObservabilityConfig
 from components.router.config import RouterConfig
 from components.serving.config import ModelConfig, Placement, spot_drain_budget_s, worst_drain_s
 
@@ -48,6 +48,11 @@ class StackConfig(Base):
     images: ImagesConfig = ImagesConfig()
     """Where the project's images (eBPF agent, runtime) come from: built and pushed by the stack, or
     prebuilt by digest (docs/images.md)."""
+    consumers: list[Consumer] = Field(default_factory=list)
+    """Other teams onboarded as consumers (docs/contract.md, "Onboarding a consumer")."""
+
+    def consumers_on(self, cluster: str) -> list[Consumer]:
+        return [c for c in self.consumers if not c.clusters or cluster in c.clusters]
 
     @cached_property
     def _cluster_index(self) -> dict[str, tuple[int, Any]]:
@@ -74,8 +79,10 @@ class StackConfig(Base):
         errors += _prod_alert_receivers(self)
         errors += _interruption_queue(self)
         errors += _aws_ami_pinned(self)
+        errors += _aws_endpoint_restricted(self)
         errors += _ebpf_agent_ports(self)
         errors += _image_registry(self)
+        errors += _consumers(self)
         if not errors:
             errors += _placements(self)
         if errors:
@@ -183,6 +190,31 @@ def _image_registry(s: StackConfig) -> list[str]:
             "creates (ECR, Artifact Registry); allowed: remove images.registry"
         ]
     return []
+
+
+def _aws_endpoint_restricted(s: StackConfig) -> list[str]:
+    if s.environment != "prod":
+        return []
+    return [
+        f"clusters[{i}].endpoint.public_access_cidrs: 0.0.0.0/0 opens the prod API server's public endpoint "
+        f"to the internet; allowed in prod: the deployer's egress CIDRs only (CI runners' NAT, VPN)"
+        for i, c in enumerate(s.clusters)
+        if isinstance(c, AwsCluster) and c.endpoint.open_to_internet
+    ]
+
+
+def _consumers(s: StackConfig) -> list[str]:
+    errs = [f"consumers[].name: duplicate name '{d}'" for d in _dupes([c.name for c in s.consumers])]
+    errs += [f"consumers[].namespace: '{d}' given to two consumers" for d in _dupes([c.namespace for c in s.consumers])]
+    ours = {s.namespaces.serving, s.namespaces.system, s.observability.monitoring_namespace, s.observability.keda_namespace}
+    names = [c.name for c in s.clusters]
+    for i, c in enumerate(s.consumers):
+        if c.namespace in ours:
+            errs.append(f"consumers[{i}].namespace: '{c.namespace}' is one of the platform's namespaces; allowed: a namespace of the team's own")
+        unknown = [n for n in c.clusters if n not in names]
+        if unknown:
+            errs.append(f"consumers[{i}].clusters: {unknown} are not clusters of this stack; allowed: {allowed(names)}")
+    return errs
 
 
 def _ebpf_agent_ports(s: StackConfig) -> list[str]:

@@ -25,6 +25,8 @@ from components.gcp.cluster import GcpGpuCluster, GcpGpuClusterArgs
 from components.serving.vllm_serving import VllmServing, VllmServingArgs
 from components.router.router import Router, RouterArgs
 from components.router.config import router_enabled
+from components.aws.consumer_access import EksConsumerAccess, EksConsumerAccessArgs
+from components.gcp.consumer_access import GkeConsumerAccess, GkeConsumerAccessArgs
 from components.aws.registry import EcrRegistry, EcrRegistryArgs
 from components.gcp.registry import ArtifactRegistry, ArtifactRegistryArgs
 from components.gcp.specs import gcp_labels
@@ -81,7 +83,9 @@ def build_registry(loaded: LoadedConfig, c: Any, handle: ClusterHandle) -> Image
         return None
     if isinstance(c, AwsCluster):
         args = EcrRegistryArgs(cluster=c.name, aws_provider=handle.extras["aws_provider"])
-        return EcrRegistry(f"{c.name}-registry", args).registry
+        # Like every AWS resource of the cluster, the repositories wait for its CNI guard.
+        guard = pulumi.ResourceOptions(depends_on=handle.extras["aws_guard"])
+        return EcrRegistry(f"{c.name}-registry", args, opts=guard).registry
     if isinstance(c, GcpCluster):
         args = ArtifactRegistryArgs(cluster=c.name, project=c.project, region=c.region, labels=gcp_labels(cfg.tags))
         return ArtifactRegistry(f"{c.name}-registry", args).registry
@@ -99,11 +103,17 @@ def build_layers(
     addons = PlatformAddons(
         f"{handle.name}-addons",
         PlatformAddonsArgs(
-            namespaces=cfg.namespaces, observability=cfg.observability, labels=labels, namespace_labels=pod_security,
+            namespaces=cfg.namespaces,
+            observability=cfg.observability,
+            labels=labels,
+            namespace_labels=pod_security,
             alert_secrets=loaded.alert_secrets,
+            system_namespace_needed=cfg.ebpf_agent.enabled,
+            consumers=tuple(cfg.consumers_on(handle.name)),
         ),
         opts=on_cluster,
     )
+    build_consumer_access(cfg, handle)
     after_addons = pulumi.ResourceOptions(provider=handle.provider, depends_on=[addons])
     agent = None
     if cfg.ebpf_agent.enabled:
@@ -156,6 +166,26 @@ def build_layers(
             opts=pulumi.ResourceOptions(provider=handle.provider, depends_on=[addons, *layers.serving.values()]),
         )
     return layers
+
+
+def build_consumer_access(cfg: StackConfig, handle: ClusterHandle) -> None:
+    """Cloud identities of the teams onboarded on this cluster (their namespaces are the add-ons')."""
+    consumers = cfg.consumers_on(handle.name)
+    if handle.cloud == "aws" and any(c.aws_principal_arns for c in consumers):
+        EksConsumerAccess(
+            f"{handle.name}-consumer-access",
+            EksConsumerAccessArgs(
+                cluster_name=handle.cluster_name,
+                consumers=consumers,
+                serving_namespace=cfg.namespaces.serving,
+                aws_provider=handle.extras["aws_provider"],
+            ),
+        )
+    if handle.cloud == "gcp" and any(c.gcp_members for c in consumers):
+        GkeConsumerAccess(
+            f"{handle.name}-consumer-access",
+            GkeConsumerAccessArgs(project=handle.extras["project"], consumers=consumers),
+        )
 
 
 def build_platform(loaded: LoadedConfig) -> dict[str, ClusterLayers]:

@@ -132,7 +132,9 @@ def test_contract_gives_router_urls(prod_run, dev_run):
     ep = prod_run.raw_outputs["models"]["llama-70b"]["endpoints"]["prod-use1"]
     assert ep["router_url"] == "http://gpuinfra-router.llm-serving.svc.cluster.local:8080/llama-70b"
     assert ep["router_local_url"] == "http://gpuinfra-router-local.llm-serving.svc.cluster.local:8080/llama-70b"
-    assert prod_run.raw_outputs["contract_version"] == "1.1.0"
+    from gpuinfra_contract.model import CONTRACT_VERSION
+
+    assert prod_run.raw_outputs["contract_version"] == CONTRACT_VERSION  # router URLs since 1.1
     dev_ep = dev_run.raw_outputs["models"]["qwen3-8b"]["endpoints"]["dev-use1"]
     assert dev_ep["router_url"] is None
 

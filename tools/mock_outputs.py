@@ -125,16 +125,38 @@ RESOURCE_OUTPUTS: dict[str, Callable[[str, dict[str, Any]], dict[str, Any]]] = {
     },
 }
 
+# What DescribeAvailabilityZones lists for the mocked account in us-east-1: (name, zone ID, zone type,
+# opt-in status, state). Zone names map to zone IDs per account; this mapping puts use1-az3 (no EKS
+# control planes) second, so a program that picks zones by position instead of by ID would use it. An
+# opted-in Local Zone comes first, as its name sorts first; a program that does not filter zone types
+# would put a subnet there.
+AWS_ZONES: list[tuple[str, str, str, str, str]] = [
+    ("us-east-1-bos-1a", "use1-bos1-az1", "local-zone", "opted-in", "available"),
+    ("us-east-1a", "use1-az1", "availability-zone", "opt-in-not-required", "available"),
+    ("us-east-1b", "use1-az3", "availability-zone", "opt-in-not-required", "available"),
+    ("us-east-1c", "use1-az2", "availability-zone", "opt-in-not-required", "available"),
+    ("us-east-1d", "use1-az4", "availability-zone", "opt-in-not-required", "available"),
+    ("us-east-1e", "use1-az5", "availability-zone", "opt-in-not-required", "available"),
+    ("us-east-1f", "use1-az6", "availability-zone", "opt-in-not-required", "available"),
+]
+_ZONE_FILTER_FIELDS = {"zone-type": 2, "opt-in-status": 3, "state": 4, "zone-name": 0, "zone-id": 1}
+
+
+def availability_zones(args: dict[str, Any], zones: list[tuple[str, str, str, str, str]]) -> dict[str, Any]:
+    """`aws.get_availability_zones` over `zones`, honouring its `state` argument and the EC2
+    `DescribeAvailabilityZones` filters the mock knows (an unknown filter name fails loudly)."""
+    keep = list(zones)
+    if args.get("state"):
+        keep = [z for z in keep if z[4] == args["state"]]
+    for f in args.get("filters") or []:
+        field_ = _ZONE_FILTER_FIELDS[f["name"]]
+        keep = [z for z in keep if z[field_] in f["values"]]
+    return {"names": [z[0] for z in keep], "zoneIds": [z[1] for z in keep], "id": "us-east-1"}
+
+
 # invoke token -> fn(args) -> result
 CALL_OUTPUTS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
-    # Zone names map to zone IDs per account; this mapping puts use1-az3 (no EKS control planes)
-    # second, so a program that picks zones by position instead of by ID would use it.
-    "aws:index/getAvailabilityZones:getAvailabilityZones": lambda a: {
-        "names": ["us-east-1a", "us-east-1b", "us-east-1c", "us-east-1d", "us-east-1e", "us-east-1f"],
-        "zoneIds": ["use1-az1", "use1-az3", "use1-az2", "use1-az4", "use1-az5", "use1-az6"],
-        "state": "available",
-        "id": "us-east-1",
-    },
+    "aws:index/getAvailabilityZones:getAvailabilityZones": lambda a: availability_zones(a, AWS_ZONES),
     # No EKS cluster exists yet (a first `pulumi up`); tests replace this to model an existing one.
     "aws:eks/getClusters:getClusters": lambda a: {"names": [], "id": a.get("region", "us-east-1")},
     "aws:index/getCallerIdentity:getCallerIdentity": lambda a: {

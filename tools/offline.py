@@ -54,6 +54,7 @@ class Registered:
     secret_paths: list[str] = field(default_factory=list)
     provider: str = ""
     dependencies: list[str] = field(default_factory=list)
+    ignore_changes: list[str] = field(default_factory=list)
 
     @property
     def is_kubernetes_object(self) -> bool:
@@ -196,6 +197,7 @@ class _RecordingMonitor(pmocks.MockMonitor):
                     secret_paths=secrets,
                     provider=request.provider,
                     dependencies=list(request.dependencies),
+                    ignore_changes=list(request.ignoreChanges),
                 )
             )
         return resp

@@ -15,6 +15,7 @@ import pulumi
 import pulumi_aws as aws
 
 from components.images.specs import SOURCES, ecr_lifecycle_policy, ecr_repository_name
+from components.options import inherited_depends_on
 from components.platform.registry import ImageRegistry
 
 
@@ -34,7 +35,7 @@ class EcrRegistry(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: EcrRegistryArgs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("gpuinfra:aws:EcrRegistry", name, None, opts)
-        child = pulumi.ResourceOptions(parent=self, provider=args.aws_provider)
+        child = pulumi.ResourceOptions(parent=self, provider=args.aws_provider, depends_on=inherited_depends_on(opts))
         repos: dict[str, aws.ecr.Repository] = {}
         for src in SOURCES:
             repo = aws.ecr.Repository(

@@ -5,7 +5,9 @@
   CRDs (ServiceMonitor, PrometheusRule), Prometheus, Alertmanager and Grafana with its dashboard
   sidecar.
 
-Both charts install their CRDs (Helm `crds/`), so `skip_crds` stays false.
+Both charts install their CRDs (Helm `crds/`), so `skip_crds` stays false. Helm never upgrades a
+chart's `crds/`: KEDA ships its CRDs as templates (`crds.install`), which Helm upgrades;
+kube-prometheus-stack's are upgraded by the chart's own CRD upgrade Job (`crds.upgradeJob`).
 """
 
 from __future__ import annotations
@@ -70,7 +72,11 @@ def kps_values(o: ObservabilityConfig) -> dict[str, Any]:
     if o.alerting.secret_keys():
         alertmanager["alertmanagerSpec"] = {"secrets": [ALERT_SECRET_NAME]}
     return {
-        "crds": {"enabled": True},
+        # Helm installs `crds/` once and never upgrades them; the chart's pre-install/pre-upgrade
+        # hook Job server-side-applies the chart's CRDs instead (values.yaml `crds.upgradeJob`: "mitigates
+        # the limitation of helm not being able to upgrade CRDs"). `forceConflicts` adds
+        # `--force-conflicts`, so CRDs Helm created on an earlier install are taken over, not refused.
+        "crds": {"enabled": True, "upgradeJob": {"enabled": True, "forceConflicts": True}},
         "alertmanager": alertmanager,
         "prometheus": {
             "prometheusSpec": {

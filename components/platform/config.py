@@ -139,3 +139,22 @@ class Namespaces(Base):
     """Namespace of the vLLM serving stacks."""
     system: Name = "gpuinfra-system"
     """Namespace of the eBPF agent and platform add-ons."""
+
+
+class Consumer(Base):
+    """Another team that calls the models: its namespace on the clusters, admitted by the serving
+    NetworkPolicy, and its identities, with rights in that namespace only (and read access to the
+    serving namespace)."""
+
+    name: Name
+    """The team."""
+    namespace: Name
+    """Its namespace, created by this stack on each cluster and labelled as a serving client."""
+    aws_principal_arns: list[Annotated[str, StringConstraints(pattern=r"^arn:aws[a-z-]*:iam::[0-9]{12}:(role|user)/.+$")]] = Field(default_factory=list)
+    """IAM roles/users of the team: an EKS access entry each, `AmazonEKSEditPolicy` on its namespace,
+    `AmazonEKSViewPolicy` on the serving namespace."""
+    gcp_members: list[Annotated[str, StringConstraints(pattern=r"^(user|group|serviceAccount):[^@\s]+@[^@\s]+$")]] = Field(default_factory=list)
+    """Google identities (`user:`, `group:`, `serviceAccount:`): `roles/container.clusterViewer` on the
+    cluster's project, and RoleBindings to `edit` in its namespace and `view` in the serving namespace."""
+    clusters: list[Name] = Field(default_factory=list)
+    """The clusters it is onboarded to (default: every cluster of the stack)."""
