@@ -18,7 +18,7 @@ TORCH_SOURCE = $(if $(wildcard $(TORCH_CPU_WHEELS)),--find-links $(TORCH_CPU_WHE
 
 POLICY_VENV := .policy-venv
 
-.PHONY: render test deps apt-deps e2e-deps bench policy-check policy-venv golden clean
+.PHONY: render test deps apt-deps e2e-deps bench policy-check policy-venv golden mutate clean
 .DELETE_ON_ERROR:
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt constraints.txt
@@ -84,6 +84,12 @@ bench: deps apt-deps e2e-deps
 	$(PY) bench/ebpf_sockmap_bench.py
 	$(PY) bench/router_bench.py
 	$(PY) bench/e2e_vllm_agent_bench.py
+
+# The mutation gate (tools/mutation_gate.py, docs/testing.md): mutmut over the safety-critical modules
+# against tests/mutation/baseline.json. CHANGED=1 re-runs only the targets whose inputs changed since
+# the baseline was recorded (what CI runs); RECORD=1 writes the survivors into the baseline.
+mutate: deps
+	$(PY) -m tools.mutation_gate $(if $(CHANGED),--changed) $(if $(RECORD),--record) $(if $(TARGET),--target $(TARGET))
 
 clean:
 	rm -rf out bpf/build .pytest_cache $(POLICY_VENV) $(E2E_SKIP)
