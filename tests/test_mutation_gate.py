@@ -75,3 +75,26 @@ def test_targets_and_baseline_are_consistent():
     for name, entry in baseline["targets"].items():
         for key, item in entry["accepted"].items():
             assert item["reason"].strip(), f"{name}: {key} is accepted without a reason"
+
+
+def test_a_known_bug_applies_exactly_once_or_fails_loudly():
+    bug = mg.KnownBug(name="b", file="x.py", find="if idle:", replace="if True:", tests=("tests/test_x.py",))
+    assert bug.apply("a\nif idle:\n  go()\n") == "a\nif True:\n  go()\n"
+    with pytest.raises(SystemExit, match="0 times"):
+        bug.apply("moved elsewhere")
+    with pytest.raises(SystemExit, match="2 times"):
+        bug.apply("if idle:\nif idle:\n")
+
+
+def test_a_golden_render_may_not_catch_a_known_bug():
+    bug = mg.KnownBug(name="b", file="x.py", find="a", replace="b", tests=("tests/test_golden_render.py::test_x",))
+    with pytest.raises(SystemExit, match="golden"):
+        mg.run_known_bug(bug, timeout=10)
+
+
+def test_known_bugs_name_existing_code_and_tests():
+    for bug in mg.KnownBug.load():
+        text = (mg.ROOT / bug.file).read_text()
+        bug.apply(text)  # the `find` text is there exactly once
+        for t in bug.tests:
+            assert (mg.ROOT / t.split("::")[0]).exists(), f"known bug {bug.name}: {t} does not exist"

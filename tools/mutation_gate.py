@@ -17,6 +17,11 @@ its entry in targets.json) at the run that recorded them.
     python -m tools.mutation_gate --record        # write the survivors into the baseline (reasons kept;
                                                   # new ones get an empty reason, which fails the gate)
     python -m tools.mutation_gate --target drain  # one target
+
+Beside mutmut's generated mutants, `tests/mutation/known_bugs.json` lists hand-written mutations: bugs
+that were once found to pass the suite (issue 27) or that no Python mutator can make (the eBPF C code).
+Each is applied to its own copy of the tree and its behaviour tests must fail; the golden renders are
+never among those tests, so a golden cannot be what catches it.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from typing import Iterable, Optional
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGETS_FILE = ROOT / "tests" / "mutation" / "targets.json"
+KNOWN_BUGS_FILE = ROOT / "tests" / "mutation" / "known_bugs.json"
 BASELINE_FILE = ROOT / "tests" / "mutation" / "baseline.json"
 WORK = ROOT / "out" / "mutate"
 SURVIVOR_STATUSES = ("survived", "no tests")
@@ -147,6 +153,51 @@ def run_target(target: Target, jobs: int, timeout: int) -> dict[str, str]:
     return survivors
 
 
+@dataclass(frozen=True)
+class KnownBug:
+    name: str
+    file: str
+    find: str
+    replace: str
+    tests: tuple[str, ...]
+
+    @staticmethod
+    def load(path: Path = KNOWN_BUGS_FILE) -> list["KnownBug"]:
+        raw = json.loads(path.read_text()) if path.exists() else {"bugs": {}}
+        return [KnownBug(name=n, file=b["file"], find=b["find"], replace=b["replace"], tests=tuple(b["tests"]))
+                for n, b in raw["bugs"].items()]
+
+    def apply(self, text: str) -> str:
+        """The file's text with the bug in; refuses a `find` that is not there exactly once, so a
+        refactor that moves the code makes the entry fail loudly instead of testing nothing."""
+        count = text.count(self.find)
+        if count != 1:
+            raise SystemExit(f"known bug {self.name!r}: {self.file} contains its `find` text {count} times (want 1); "
+                             "update tests/mutation/known_bugs.json")
+        return text.replace(self.find, self.replace)
+
+
+GOLDEN_TESTS = ("tests/test_golden_render.py",)
+
+
+def run_known_bug(bug: KnownBug, timeout: int) -> bool:
+    """True when a behaviour test fails with the bug in (the bug is caught)."""
+    if any(t.split("::")[0] in GOLDEN_TESTS for t in bug.tests):
+        raise SystemExit(f"known bug {bug.name!r}: a golden render may not be what catches it")
+    dest = WORK / f"bug-{bug.name}"
+    _copy_tree(dest)
+    path = dest / bug.file
+    path.write_text(bug.apply(path.read_text()))
+    r = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *bug.tests], cwd=dest,
+                       capture_output=True, text=True, timeout=timeout)
+    caught = r.returncode == 1
+    if r.returncode not in (0, 1):
+        raise SystemExit(f"known bug {bug.name!r}: pytest could not run its tests (exit {r.returncode}):\n"
+                         + "\n".join((r.stdout + r.stderr).splitlines()[-20:]))
+    print(f"mutation gate: known bug {bug.name}: {'caught' if caught else 'NOT CAUGHT'} by {', '.join(bug.tests)}")
+    return caught
+
+
 @dataclass
 class Verdict:
     new: dict[str, str]
@@ -194,6 +245,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--record", action="store_true", help="write the survivors into the baseline")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--timeout", type=int, default=1800, help="seconds per target")
+    ap.add_argument("--known-bugs-only", action="store_true", help="only the hand-written mutations")
     args = ap.parse_args(argv)
 
     baseline = load_baseline()
@@ -203,6 +255,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     if skipped:
         print(f"mutation gate: inputs unchanged since the baseline, not re-run: {', '.join(skipped)}")
     failed = False
+    for bug in KnownBug.load():
+        if not args.target and not args.record and not run_known_bug(bug, args.timeout):
+            failed = True
+    if args.known_bugs_only:
+        chosen = []
     for target in chosen:
         started = time.monotonic()
         survivors = run_target(target, args.jobs, args.timeout)
