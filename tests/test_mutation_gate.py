@@ -98,3 +98,16 @@ def test_known_bugs_name_existing_code_and_tests():
         bug.apply(text)  # the `find` text is there exactly once
         for t in bug.tests:
             assert (mg.ROOT / t.split("::")[0]).exists(), f"known bug {bug.name}: {t} does not exist"
+
+
+def test_the_copy_is_what_git_sees_and_never_a_cache(tmp_path: Path):
+    import subprocess
+
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    (tmp_path / ".gitignore").write_text("/.container-cache/\n")
+    (tmp_path / "m.py").write_text("x = 1\n")
+    (tmp_path / "new.py").write_text("y = 2\n")
+    (tmp_path / ".container-cache" / "rootfs").mkdir(parents=True)
+    (tmp_path / ".container-cache" / "rootfs" / "lastlog").write_text("huge sparse file")
+    subprocess.run(["git", "add", "m.py", ".gitignore"], cwd=tmp_path, check=True)
+    assert mg.project_files(tmp_path) == [".gitignore", "m.py", "new.py"]

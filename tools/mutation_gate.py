@@ -49,6 +49,7 @@ SURVIVOR_STATUSES = ("survived", "no tests")
 SHARED_ENVS = (".venv", ".venv-e2e", ".policy-venv")
 """Environments the tests find beside the tree: linked into each target's copy, never copied."""
 NOT_COPIED = {".git", "out", "mutants", ".pytest_cache", ".hypothesis", "__pycache__", *SHARED_ENVS}
+"""Top-level names never handed to mutmut's `also_copy`."""
 
 
 @dataclass(frozen=True)
@@ -95,18 +96,22 @@ def parse_results(text: str) -> dict[str, str]:
     return out
 
 
+def project_files(root: Path = ROOT) -> list[str]:
+    """The tree as git sees it: tracked files and untracked ones it does not ignore. Caches, venvs,
+    build outputs and the container tier's root filesystems (sparse files, devices) stay behind."""
+    out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=root,
+                         capture_output=True, check=True).stdout.decode()
+    return sorted(f for f in out.split("\0") if f and (root / f).is_file())
+
+
 def _copy_tree(dest: Path) -> None:
     if dest.exists():
         shutil.rmtree(dest)
     dest.mkdir(parents=True)
-    for entry in ROOT.iterdir():
-        if entry.name in NOT_COPIED:
-            continue
-        if entry.is_dir():
-            shutil.copytree(entry, dest / entry.name, symlinks=True,
-                            ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "build"))
-        else:
-            shutil.copy2(entry, dest / entry.name)
+    for rel in project_files():
+        target = dest / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / rel, target, follow_symlinks=False)
     for env in SHARED_ENVS:
         if (ROOT / env).exists():
             (dest / env).symlink_to((ROOT / env).resolve())
