@@ -17,8 +17,11 @@ log = logging.getLogger(__name__)
 # sockredir.h
 SOCKREDIR_MAX_PORTS = 16
 SOCKREDIR_COUNTERS = ("redirected", "fallback", "errors", "inserted", "removed", "redirected_bytes",
-                      "not_allowed", "unpaired", "flow_control", "dropped", "evicted")
-SOCK_KEY = struct.Struct("=QIIHHI")  # struct sock_key: netns cookie, then network byte order
+                      "not_allowed", "unpaired", "flow_control", "dropped", "evicted", "ordered",
+                      "peer_mismatch")
+SOCK_CONN = struct.Struct("=QQQIIHHIII")
+"""struct sock_conn: addr, peer cookie, netns cookie, local/remote ip4 and port (network byte
+order), snd_nxt, rcv_nxt, client."""
 
 # cudalat.h: call kind (attach cookie) -> (library kind, symbol)
 CUDALAT_SLOTS = 40
@@ -134,7 +137,7 @@ class SockRedir(Unit):
     allow_clients: tuple[str, ...] = ()
     """Whose client sockets may be accelerated: `cgroup:<path under cgroup_path>` (its whole
     subtree) or `namespace:<k8s namespace>` (every pod cgroup the resolver names so)."""
-    pinned: tuple[str, ...] = ("sockredir_sockhash", "sockredir_counters")
+    pinned: tuple[str, ...] = ("sockredir_sockhash", "sockredir_conns", "sockredir_pending", "sockredir_counters")
 
     def _start(self) -> None:
         if not 0 < len(self.ports) <= SOCKREDIR_MAX_PORTS:
@@ -193,13 +196,23 @@ class SockRedir(Unit):
 
     def sockets(self) -> list[tuple[str, int, str, int]]:
         """(local ip, local port, remote ip, remote port) of every socket in the sockhash."""
+        return [c[:4] for c in self.conns()]
+
+    def conns(self) -> list[tuple[str, int, str, int, int, int]]:
+        """(local ip, local port, remote ip, remote port, own cookie, peer cookie) of every socket
+        in the sockhash; peer cookie 0 while its pair is not proven."""
         import socket
 
+        conns = self.obj.map("sockredir_conns")
         out = []
-        for k in self.obj.map("sockredir_sockhash").keys(SOCK_KEY.size):
-            _netns, lip, rip, lport, rport, _ = SOCK_KEY.unpack(k)
+        for k in self.obj.map("sockredir_sockhash").keys(8):
+            raw = conns.lookup(k, SOCK_CONN.size)
+            if not raw:
+                continue
+            _addr, peer, _netns, lip, rip, lport, rport, _snd, _rcv, _client = SOCK_CONN.unpack(raw)
             out.append((socket.inet_ntoa(struct.pack("=I", lip)), socket.ntohs(lport),
-                        socket.inet_ntoa(struct.pack("=I", rip)), socket.ntohs(rport)))
+                        socket.inet_ntoa(struct.pack("=I", rip)), socket.ntohs(rport),
+                        struct.unpack("=Q", k)[0], peer))
         return out
 
 
