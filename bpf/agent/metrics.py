@@ -115,6 +115,9 @@ class AgentCollector:
             }
             for name, help_ in helps.items():
                 yield CounterMetricFamily(f"ebpf_sockmap_{name}", help_, value=c[name])
+            yield GaugeMetricFamily("ebpf_sockmap_allowed_cgroups",
+                                    "Cgroups on sockredir's allow-list now (pods whose sockets may be paired); "
+                                    "0 means nothing is accelerated.", value=u.allowed)
         elif isinstance(u, CudaLat):
             families = {
                 False: HistogramMetricFamily(

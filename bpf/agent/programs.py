@@ -138,6 +138,9 @@ class SockRedir(Unit):
     """Whose client sockets may be accelerated: `cgroup:<path under cgroup_path>` (its whole
     subtree) or `namespace:<k8s namespace>` (every pod cgroup the resolver names so)."""
     pinned: tuple[str, ...] = ("sockredir_sockhash", "sockredir_conns", "sockredir_pending", "sockredir_counters")
+    allowed: int = 0
+    """How many cgroups the allow-list held after the last refresh (ebpf_sockmap_allowed_cgroups)."""
+    refreshes: int = 0
 
     def _start(self) -> None:
         if not 0 < len(self.ports) <= SOCKREDIR_MAX_PORTS:
@@ -145,6 +148,9 @@ class SockRedir(Unit):
         if len(set(self.ports)) != len(self.ports):
             raise ValueError(f"ports: duplicates in {list(self.ports)}")
         parse_allow(self.allow_clients)
+        if not self.allow_clients:
+            raise ValueError("allow-clients is empty: sockredir would accelerate nothing; allowed: "
+                             "cgroup:<path> or namespace:<name> entries naming the pods whose sockets may be paired")
         self.obj = self._open("sockredir.bpf.o")
         padded = list(self.ports) + [0] * (SOCKREDIR_MAX_PORTS - len(self.ports))
         self.obj.map(".rodata").write_initial(
@@ -180,6 +186,11 @@ class SockRedir(Unit):
             m.delete(k)
         for k in want - have:
             m.update(k, b"\x01")
+        if not want and (self.allowed or not self.refreshes):  # on the way to empty, not every refresh
+            log.warning("sockredir allow-list %s names no cgroup now: nothing is accelerated "
+                        "(ebpf_sockmap_allowed_cgroups 0)", ",".join(self.allow_clients))
+        self.allowed = len(want)
+        self.refreshes += 1
         return len(want)
 
     def counters(self) -> dict[str, int]:
