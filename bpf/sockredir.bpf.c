@@ -397,7 +397,7 @@ int sockredir_sockops(struct bpf_sock_ops *skops)
  * acknowledged, and the receiver has read every byte TCP delivered. */
 static __always_inline bool tcp_path_empty(struct tcp_sock *self, struct tcp_sock *peer)
 {
-	return BPF_CORE_READ(self, snd_una) == BPF_CORE_READ(self, write_seq) &&
+	return self->snd_una == self->write_seq &&
 	       BPF_CORE_READ(peer, copied_seq) == BPF_CORE_READ(peer, rcv_nxt);
 }
 
@@ -419,32 +419,27 @@ static __always_inline bool peer_queue_full(struct sock *sk)
 }
 
 /*
- * The sending socket's cookie. sk_msg programs may not call bpf_get_socket_cookie(); sock_ops
- * called it when the socket was inserted, which stored the cookie in sk_cookie for good
- * (sock_gen_cookie), so it is read from there.
+ * sk_msg programs may not call bpf_get_socket_cookie(); sock_ops called it when the socket was
+ * inserted, which stored the cookie in sk_cookie for good (sock_gen_cookie), so it is read from
+ * there, through the BTF pointer bpf_skc_to_tcp_sock() returns (direct loads, no helper call).
  */
-static __always_inline __u64 msg_cookie(struct sk_msg_md *msg)
-{
-	struct bpf_sock *bsk = msg->sk;
-	struct tcp_sock *tp;
-
-	if (!bsk)
-		return 0;
-	tp = bpf_skc_to_tcp_sock(bsk);
-	if (!tp)
-		return 0;
-	return BPF_CORE_READ((struct sock *)tp, __sk_common.skc_cookie.counter);
-}
-
 SEC("sk_msg")
 int sockredir_skmsg(struct sk_msg_md *msg)
 {
-	__u64 cookie = msg_cookie(msg), peer_cookie;
+	struct bpf_sock *bsk = msg->sk;
 	struct sock_conn *self, *peer;
+	struct tcp_sock *tp;
+	__u64 cookie, peer_cookie;
 	struct sock *peer_sk;
 	__u32 size = msg->size;
 
-	self = cookie ? bpf_map_lookup_elem(&sockredir_conns, &cookie) : NULL;
+	tp = bsk ? bpf_skc_to_tcp_sock(bsk) : NULL;
+	if (!tp) {
+		count(SOCKREDIR_FALLBACK);
+		return SK_PASS;
+	}
+	cookie = tp->inet_conn.icsk_inet.sk.__sk_common.skc_cookie.counter;
+	self = bpf_map_lookup_elem(&sockredir_conns, &cookie);
 	if (!self || !self->peer_cookie) {
 		count(SOCKREDIR_FALLBACK);
 		return SK_PASS;
@@ -452,30 +447,38 @@ int sockredir_skmsg(struct sk_msg_md *msg)
 	peer_cookie = self->peer_cookie;
 	peer = bpf_map_lookup_elem(&sockredir_conns, &peer_cookie);
 	if (!peer) { /* the peer closed */
+		self->redirecting = 0;
 		count(SOCKREDIR_FALLBACK);
 		return SK_PASS;
 	}
 	if (peer->peer_cookie != cookie || self->netns_cookie != bpf_get_netns_cookie(msg)) {
+		self->redirecting = 0;
 		count(SOCKREDIR_PEER_MISMATCH);
 		count(SOCKREDIR_FALLBACK);
 		return SK_PASS;
 	}
 	peer_sk = (struct sock *)peer->addr;
-	if (!tcp_path_empty((struct tcp_sock *)self->addr, (struct tcp_sock *)peer_sk) ||
+	/* The TCP path is checked until it is found empty; from then on every message of this
+	 * direction is redirected until one is passed, so it stays empty without looking again. */
+	if ((!self->redirecting && !tcp_path_empty(tp, (struct tcp_sock *)peer_sk)) ||
 	    BPF_CORE_READ(peer_sk, sk_rcvlowat) > 1) {
+		self->redirecting = 0;
 		count(SOCKREDIR_ORDERED);
 		count(SOCKREDIR_FALLBACK);
 		return SK_PASS;
 	}
 	if (peer_queue_full(peer_sk)) {
+		self->redirecting = 0;
 		count(SOCKREDIR_FLOW_CONTROL);
 		count(SOCKREDIR_FALLBACK);
 		return SK_PASS;
 	}
 	if (bpf_msg_redirect_hash(msg, &sockredir_sockhash, &peer_cookie, BPF_F_INGRESS) == SK_PASS) {
+		self->redirecting = 1;
 		count(SOCKREDIR_REDIRECTED);
 		count_n(SOCKREDIR_REDIRECTED_BYTES, size);
 	} else {
+		self->redirecting = 0;
 		count(SOCKREDIR_FALLBACK);
 	}
 	return SK_PASS;

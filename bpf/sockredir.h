@@ -45,6 +45,9 @@ struct sock_conn {
 	__u32 snd_nxt;      /* at establishment (clients: the pending key) */
 	__u32 rcv_nxt;
 	__u32 client;       /* 1: the active (connecting) end */
+	__u32 redirecting;  /* sk_msg: this direction's TCP path was found empty and nothing was
+			     * passed to TCP since, so it still is */
+	__u32 pad;
 };
 
 enum sockredir_counter {

@@ -19,9 +19,9 @@ SOCKREDIR_MAX_PORTS = 16
 SOCKREDIR_COUNTERS = ("redirected", "fallback", "errors", "inserted", "removed", "redirected_bytes",
                       "not_allowed", "unpaired", "flow_control", "dropped", "evicted", "ordered",
                       "peer_mismatch")
-SOCK_CONN = struct.Struct("=QQQIIHHIII")
+SOCK_CONN = struct.Struct("=QQQIIHHIIIII")
 """struct sock_conn: addr, peer cookie, netns cookie, local/remote ip4 and port (network byte
-order), snd_nxt, rcv_nxt, client."""
+order), snd_nxt, rcv_nxt, client, redirecting, pad."""
 
 # cudalat.h: call kind (attach cookie) -> (library kind, symbol)
 CUDALAT_SLOTS = 40
@@ -220,7 +220,7 @@ class SockRedir(Unit):
             raw = conns.lookup(k, SOCK_CONN.size)
             if not raw:
                 continue
-            _addr, peer, _netns, lip, rip, lport, rport, _snd, _rcv, _client = SOCK_CONN.unpack(raw)
+            _addr, peer, _netns, lip, rip, lport, rport, _snd, _rcv, _client, _redir, _ = SOCK_CONN.unpack(raw)
             out.append((socket.inet_ntoa(struct.pack("=I", lip)), socket.ntohs(lport),
                         socket.inet_ntoa(struct.pack("=I", rip)), socket.ntohs(rport),
                         struct.unpack("=Q", k)[0], peer))
