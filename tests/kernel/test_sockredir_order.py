@@ -152,3 +152,28 @@ def test_zerocopy_sender_is_left_on_tcp(unit):
     finally:
         for x in (c, s, listener):
             x.close()
+
+
+def test_msg_waitall_on_an_accelerated_socket_returns_what_the_redirect_queue_holds(unit):
+    """Documented, not fixed (docs/ebpf-agent.md): a read with MSG_WAITALL on a paired socket
+    returns once the redirect queue is drained (tcp_bpf_recvmsg has no wait-all loop), so it can
+    be short where plain TCP would wait. MSG_WAITALL is a per-call flag the program cannot see;
+    this pins the behaviour the docs describe."""
+    import threading
+
+    u, port = unit
+    listener = socket.create_server(("127.0.0.1", port))
+    c = socket.create_connection(("127.0.0.1", port), timeout=10)
+    s, _ = listener.accept()
+    try:
+        c.sendall(b"a" * 10)
+        later = threading.Timer(0.3, lambda: c.sendall(b"b" * 10))
+        later.start()
+        s.settimeout(5)
+        got = s.recv(20, socket.MSG_WAITALL)
+        later.join()
+        assert u.counters()["redirected"] >= 1, u.counters()
+        assert got == b"a" * 10, f"{len(got)} bytes: the kernel now waits for all; update docs/ebpf-agent.md"
+    finally:
+        for x in (c, s, listener):
+            x.close()
