@@ -19,6 +19,7 @@ SOCKREDIR_MAX_PORTS = 16
 SOCKREDIR_COUNTERS = ("redirected", "fallback", "errors", "inserted", "removed", "redirected_bytes",
                       "not_allowed", "unpaired", "flow_control", "dropped", "evicted", "ordered",
                       "peer_mismatch")
+PAIR_KEY_SIZE = 32  # struct pair_key
 SOCK_CONN = struct.Struct("=QQQIIHHIIIII")
 """struct sock_conn: addr, peer cookie, netns cookie, local/remote ip4 and port (network byte
 order), snd_nxt, rcv_nxt, client, redirecting, pad."""
@@ -160,7 +161,23 @@ class SockRedir(Unit):
         sockhash = self.obj.map("sockredir_sockhash")
         self.links.append(self.obj.program("sockredir_skmsg").attach_to_map(sockhash, BPF_SK_MSG_VERDICT))
         self.refresh_allow()
+        self.prune_stale()
         self.links.append(self.obj.program("sockredir_sockops").attach_cgroup(self.cgroup_path))
+
+    def prune_stale(self) -> int:
+        """Drops pinned entries of sockets that closed while no agent ran (their TCP_CLOSE callback
+        found no program): a conns entry whose socket left the sockhash (the kernel unlinks a
+        closing socket itself), a pending entry whose client has no conns entry. Returns how many."""
+        sockhash, conns, pending = (self.obj.map(m) for m in ("sockredir_sockhash", "sockredir_conns",
+                                                               "sockredir_pending"))
+        gone = [k for k in conns.keys(8) if sockhash.lookup(k, 8) is None]
+        n = sum(conns.delete(k) for k in gone)
+        for k, v in pending.items(PAIR_KEY_SIZE, 8):
+            if conns.lookup(v, SOCK_CONN.size) is None:
+                n += pending.delete(k)
+        if n:
+            log.info("sockredir: dropped %d map entries of sockets closed while no agent ran", n)
+        return n
 
     def allowed_ids(self, resolver=None) -> set[int]:
         """The cgroup ids the allow-list names now (namespaces need a CgroupResolver)."""
