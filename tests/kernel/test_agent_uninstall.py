@@ -42,7 +42,8 @@ def test_uninstall_returns_redirected_sockets_to_tcp_so_a_drop_rule_applies(bpf_
                                 "--allow-clients", "cgroup:/", "--metrics-port", str(mport), "--bpf-dir", bpf_build),
                          cwd=BPF_DIR, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        _wait_up(a, mport)
+        _wait_up(a, mport)  # /metrics comes up before the programs attach
+        _wait_metric(mport, lambda m: _get(m, "ebpf_program_loaded", program="sockredir") == 1)
         listener.bind(("127.0.0.1", port))
         listener.listen(8)
         c.settimeout(10)
