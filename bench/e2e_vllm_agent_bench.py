@@ -75,10 +75,14 @@ def main() -> int:
         print(f"{kind:8}{statistics.median(t) * 1e3:14.2f}{pct(t, 0.99) * 1e3:14.2f}"
               f"{statistics.median(i) * 1e3:14.3f}{pct(i, 0.99) * 1e3:14.3f}")
     f, p = res["fast"], res["plain"]
-    print(f"ratio fast/plain: TTFT p50 {statistics.median(f['ttft']) / statistics.median(p['ttft']):.3f}, "
-          f"TTFT p99 {pct(f['ttft'], 0.99) / pct(p['ttft'], 0.99):.3f}, "
-          f"ITL p50 {statistics.median(f['itl']) / statistics.median(p['itl']):.3f}, "
-          f"ITL p99 {pct(f['itl'], 0.99) / pct(p['itl'], 0.99):.3f}  (redirected messages: {redirected:.0f})")
+
+    def ratio(x: float, y: float) -> str:  # an ITL median is 0 when most frames came in one read
+        return f"{x / y:.3f}" if y else "n/a"
+
+    print(f"ratio fast/plain: TTFT p50 {ratio(statistics.median(f['ttft']), statistics.median(p['ttft']))}, "
+          f"TTFT p99 {ratio(pct(f['ttft'], 0.99), pct(p['ttft'], 0.99))}, "
+          f"ITL p50 {ratio(statistics.median(f['itl']), statistics.median(p['itl']))}, "
+          f"ITL p99 {ratio(pct(f['itl'], 0.99), pct(p['itl'], 0.99))}  (redirected messages: {redirected:.0f})")
     return 0
 
 
