@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from components.platform.cluster_handle import GPU_TAINT
-from components.agent.daemonset_spec import CAPABILITY_ALLOW_LIST
+from components.agent.daemonset_spec import CAPABILITY_ALLOW_LIST, PIN_DIR
 from tests.support import assert_config_error, manifest, validate_core_objects
 from tools.offline import PROJECT, ProgramRun, parsed_config, run_program, stack_config
 
@@ -69,7 +69,7 @@ def test_daemonset_least_privilege(any_run):
         # No stack enables cudalat (off by default: uprobes need SYS_ADMIN), so sockredir+tcpbp's set.
         assert sorted(sc["capabilities"]["add"]) == ["BPF", "NET_ADMIN", "PERFMON", "SYS_RESOURCE"], ds.urn
         assert set(sc["capabilities"]["add"]) <= set(CAPABILITY_ALLOW_LIST), ds.urn
-        assert sc["seccompProfile"] == {"type": "Unconfined"}, ds.urn
+        assert sc["seccompProfile"] == {"type": "RuntimeDefault"}, ds.urn
         assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}, ds.urn
         assert spec["hostPID"] is cfg.ebpf_agent.cuda_uprobes.enabled, ds.urn
         assert spec["hostNetwork"] is False and spec["automountServiceAccountToken"] is False, ds.urn
@@ -84,8 +84,8 @@ def test_daemonset_mounts_bpffs_and_host_cgroup2(any_run):
         spec = manifest(ds)["spec"]["template"]["spec"]
         vols = {v["name"]: v for v in spec["volumes"]}
         mounts = {m["mountPath"]: m for m in spec["containers"][0]["volumeMounts"]}
-        assert vols[mounts["/sys/fs/bpf"]["name"]]["hostPath"]["path"] == "/sys/fs/bpf", ds.urn
-        assert not mounts["/sys/fs/bpf"].get("readOnly"), ds.urn
+        assert vols[mounts[PIN_DIR]["name"]]["hostPath"]["path"] == "/sys/fs/bpf/gpuinfra", ds.urn
+        assert not mounts[PIN_DIR].get("readOnly"), ds.urn
         cg = mounts["/host/sys/fs/cgroup"]
         assert vols[cg["name"]]["hostPath"]["path"] == "/sys/fs/cgroup" and cg["readOnly"] is True, ds.urn
         env = {e["name"]: e["value"] for e in spec["containers"][0]["env"]}

@@ -17,6 +17,7 @@ from components.platform.config import ObservabilityConfig
 from components.agent.daemonset_spec import (
     CAPABILITY_ALLOW_LIST,
     CGROUP_MOUNT,
+    PIN_DIR,
     PROGRAMS,
     accelerated_ports,
     agent_env,
@@ -212,33 +213,80 @@ def test_host_pid_iff_cuda_uprobes_scan(sockmap, cuda, tcp):
     assert spec["automountServiceAccountToken"] is False
 
 
-def test_seccomp_unconfined_only_for_the_agent_container_or_a_localhost_profile():
+def test_seccomp_runtime_default_unless_a_localhost_profile_is_configured():
+    """containerd's default profile allows bpf() with CAP_BPF and perf_event_open() with
+    CAP_PERFMON (contrib/seccomp/seccomp_default.go, containerd PR #7301, 1.7.0+), and every
+    program set the agent can run holds both (capabilities())."""
+    for programs in (("sockredir",), ("tcpbp",), ("sockredir", "cudalat", "tcpbp")):
+        assert {"BPF", "PERFMON"} <= set(capabilities(programs, scan=False)), programs
     spec = pod_spec(cfg(), [8000], [pool()], image=AGENT_IMAGE)
     assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
-    assert spec["containers"][0]["securityContext"]["seccompProfile"] == {"type": "Unconfined"}
+    assert spec["containers"][0]["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     local = pod_spec(cfg(seccomp_localhost_profile="profiles/ebpf-agent.json"), [8000], [pool()], image=AGENT_IMAGE)
     assert local["containers"][0]["securityContext"]["seccompProfile"] == {
         "type": "Localhost", "localhostProfile": "profiles/ebpf-agent.json"
     }
 
 
-def test_mounts_bpffs_rw_and_host_cgroup2_read_only():
+# containerd contrib/apparmor/template.go (commit 00ff42d1): the default profile's write denials
+# under /sys ("deny /sys/[^f]*/** wklx" and the rest), which forbid pinning under a /sys/fs/bpf mount.
+CONTAINERD_APPARMOR_WRITE_DENIALS = (
+    "/sys/[^f]*/**", "/sys/f[^s]*/**", "/sys/fs/[^c]*/**", "/sys/fs/c[^g]*/**", "/sys/fs/cg[^r]*/**",
+    "/sys/firmware/**", "/sys/devices/virtual/powercap/**", "/sys/kernel/security/**",
+)
+
+
+def _apparmor_glob(glob: str) -> "re.Pattern[str]":
+    """AppArmor's file globs: ** any characters, * any but '/', [..] a class (apparmor.d(5))."""
+    import re
+
+    out, i = "", 0
+    while i < len(glob):
+        if glob.startswith("**", i):
+            out, i = out + ".*", i + 2
+        elif glob[i] == "*":
+            out, i = out + "[^/]*", i + 1
+        elif glob[i] == "[":
+            j = glob.index("]", i)
+            out, i = out + glob[i:j + 1], j + 1
+        else:
+            out, i = out + re.escape(glob[i]), i + 1
+    return re.compile(out + "$")
+
+
+def test_pins_live_where_the_runtimes_default_apparmor_profile_lets_the_agent_write():
+    """No appArmorProfile field (a named profile makes the kubelet refuse the pod on a node without
+    AppArmor: pkg/security/apparmor/validate.go isRequired), so containerd's default profile applies
+    where AppArmor is on; the pin dir must be outside its write denials, and the old /sys/fs/bpf
+    mount would not be."""
+    spec = pod_spec(cfg(), [8000], [pool()], image=AGENT_IMAGE)
+    assert "appArmorProfile" not in spec["securityContext"]
+    assert "appArmorProfile" not in spec["containers"][0]["securityContext"]
+    env = {e["name"]: e["value"] for e in spec["containers"][0]["env"]}
+    pin = env["GPUINFRA_EBPF_PIN_DIR"] + "/sockredir-0123456789ab/sockredir_sockhash"
+    denials = [_apparmor_glob(g) for g in CONTAINERD_APPARMOR_WRITE_DENIALS]
+    assert not any(d.match(pin) for d in denials), pin
+    assert any(d.match("/sys/fs/bpf/gpuinfra/sockredir-0123456789ab/sockredir_sockhash") for d in denials)
+
+
+def test_mounts_only_the_agents_bpffs_directory_rw_and_host_cgroup2_read_only():
     spec = pod_spec(cfg(), [8000], [pool()], image=AGENT_IMAGE)
     vols = {v["name"]: v for v in spec["volumes"]}
     mounts = {m["mountPath"]: m for m in spec["containers"][0]["volumeMounts"]}
-    bpffs = mounts["/sys/fs/bpf"]
-    assert vols[bpffs["name"]]["hostPath"]["path"] == "/sys/fs/bpf"
-    assert not bpffs.get("readOnly") and bpffs["mountPropagation"] == "HostToContainer"
+    bpffs = mounts[PIN_DIR]
+    assert vols[bpffs["name"]]["hostPath"] == {"path": "/sys/fs/bpf/gpuinfra", "type": "DirectoryOrCreate"}
+    assert not bpffs.get("readOnly") and "mountPropagation" not in bpffs
+    assert not any(v.get("hostPath", {}).get("path") == "/sys/fs/bpf" for v in spec["volumes"]), \
+        "the whole bpffs (Cilium's pins included) must not be mounted"
+    env = {e["name"]: e["value"] for e in spec["containers"][0]["env"]}
+    assert env["GPUINFRA_EBPF_PIN_DIR"] == PIN_DIR
     cg = mounts[CGROUP_MOUNT]
     assert vols[cg["name"]]["hostPath"]["path"] == "/sys/fs/cgroup" and cg["readOnly"] is True
     for d in ("/var/log/containers", "/var/log/pods"):
         assert mounts[d]["readOnly"] is True
-    without = pod_spec(cfg(pod_names_from_kubelet_logs=False), [8000], [pool()], image=AGENT_IMAGE)
-    paths = {m["mountPath"] for m in without["containers"][0]["volumeMounts"]}
-    assert "/var/log/pods" not in paths and "/var/log/containers" not in paths
-    # Every hostPath except bpffs and /tmp is read-only.
+    # Every hostPath except the pin dir and /tmp is read-only.
     for m in spec["containers"][0]["volumeMounts"]:
-        if m["mountPath"] not in ("/sys/fs/bpf", "/tmp"):
+        if m["mountPath"] not in (PIN_DIR, "/tmp"):
             assert m.get("readOnly") is True, m
 
 
@@ -318,6 +366,7 @@ def test_service_and_servicemonitor_target_the_metrics_port():
         ({"tcp_backpressure": {"threshold_pct": 0}}, "greater than or equal to 1"),
         ({"tcp_backpressure": {"mode": "kprobe"}}, "fentry"),
         ({"seccomp_localhost_profile": "../etc/x.json"}, "relative to the kubelet"),
+        ({"pod_names_from_kubelet_logs": False}, "leaves sockmap's allow-list empty"),
         (
             {"sockmap": {"enabled": False}, "cuda_uprobes": {"enabled": False}, "tcp_backpressure": {"enabled": False}},
             "every agent program is off",
@@ -328,6 +377,12 @@ def test_bad_agent_config_is_refused(kwargs, fragment):
     with pytest.raises(ValidationError) as e:
         EbpfAgentConfig(**kwargs)
     assert fragment in str(e.value)
+
+
+def test_without_kubelet_log_dirs_only_a_config_without_sockmap_is_allowed():
+    c = cfg(sockmap=False, pod_names_from_kubelet_logs=False)
+    paths = {m["mountPath"] for m in pod_spec(c, [8000], [pool()], image=AGENT_IMAGE)["containers"][0]["volumeMounts"]}
+    assert "/var/log/pods" not in paths and "/var/log/containers" not in paths
 
 
 def test_agent_runs_the_image_it_is_given():

@@ -90,11 +90,12 @@ class EbpfAgentConfig(Base):
     kube-system the component adds the ResourceQuota that GKE requires for them."""
     pod_names_from_kubelet_logs: bool = True
     """Mount /var/log/containers and /var/log/pods read-only so metrics carry namespace/pod/container
-    names (without them: the cgroup path and short container id)."""
+    names (without them: the cgroup path and short container id). sockmap needs them: its allow-list
+    finds the serving namespace's pods through them."""
     seccomp_localhost_profile: Optional[str] = None
     """A seccomp profile installed on the nodes under the kubelet's seccomp dir (e.g.
-    `profiles/gpuinfra-ebpf-agent.json`) that allows bpf() and perf_event_open(). Unset: Unconfined
-    for the agent container (containerd's RuntimeDefault blocks bpf() without CAP_SYS_ADMIN)."""
+    `profiles/gpuinfra-ebpf-agent.json`) that allows bpf() and perf_event_open(). Unset: RuntimeDefault
+    (containerd >= 1.7 allows bpf() with CAP_BPF and perf_event_open() with CAP_PERFMON)."""
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
     @field_validator("seccomp_localhost_profile")
@@ -106,6 +107,16 @@ class EbpfAgentConfig(Base):
                 f"directory, without '..' (e.g. profiles/gpuinfra-ebpf-agent.json)"
             )
         return v
+
+    @model_validator(mode="after")
+    def _sockmap_needs_pod_names(self):
+        if self.enabled and self.sockmap.enabled and not self.pod_names_from_kubelet_logs:
+            raise ValueError(
+                "pod_names_from_kubelet_logs: false leaves sockmap's allow-list empty (it finds the serving "
+                "namespace's pods through the kubelet log dirs), so nothing would be accelerated; allowed: "
+                "pod_names_from_kubelet_logs: true, or sockmap.enabled: false"
+            )
+        return self
 
     @model_validator(mode="after")
     def _some_program(self):

@@ -33,6 +33,31 @@ class NodeFacts:
     JSON file on this machine."""
     apparmor_enabled: bool = False
     """Whether this host's kernel enforces AppArmor (`podman info` Host.Security.AppArmorEnabled)."""
+    runtime_default_seccomp: str | None = None
+    """The JSON profile standing in for the node runtime's `RuntimeDefault` (containerd's default,
+    `containerd_default_seccomp`); None: podman's own default."""
+
+
+CONTAINERD_CAP_SYSCALLS = {"CAP_BPF": "bpf", "CAP_PERFMON": "perf_event_open"}
+"""containerd's default profile allows these syscalls to a container holding the capability
+(contrib/seccomp/seccomp_default.go, commit 43907515b "adding support of CAP_BPF and CAP_PERFMON",
+in v1.7.0 and every later release; the nodes of EKS AL2023 and GKE COS run containerd >= 1.7). Podman's
+default (Debian 12, /usr/share/containers/seccomp.json) allows them only with CAP_SYS_ADMIN."""
+
+
+def containerd_default_seccomp(podman_default: dict[str, Any]) -> dict[str, Any]:
+    """Podman's default profile with containerd's capability rules for bpf() and perf_event_open():
+    the rule that refuses them without CAP_SYS_ADMIN no longer names them (the default action still
+    refuses them to a container without the capability), and one rule per capability allows each."""
+    out = json.loads(json.dumps(podman_default))
+    for rule in out["syscalls"]:
+        if rule.get("action") != "SCMP_ACT_ALLOW" and "CAP_SYS_ADMIN" in (rule.get("excludes") or {}).get("caps", []):
+            rule["names"] = [n for n in rule["names"] if n not in CONTAINERD_CAP_SYSCALLS.values()]
+    out["syscalls"] = [r for r in out["syscalls"] if r["names"]]
+    for cap, syscall in CONTAINERD_CAP_SYSCALLS.items():
+        out["syscalls"].append({"names": [syscall], "action": "SCMP_ACT_ALLOW", "args": [],
+                                "includes": {"caps": [cap]}, "excludes": {}})
+    return out
 
 
 def effective_security_context(pod: dict[str, Any], c: dict[str, Any]) -> dict[str, Any]:
@@ -66,7 +91,9 @@ def security_args(sc: dict[str, Any], facts: NodeFacts) -> list[str]:
         if local not in facts.seccomp_profiles:
             raise Unsupported(f"seccompProfile Localhost {local!r}: no such profile on this machine")
         args += ["--security-opt", f"seccomp={facts.seccomp_profiles[local]}"]
-    # RuntimeDefault: podman's default profile stands in for the container runtime's default.
+    elif facts.runtime_default_seccomp:
+        # RuntimeDefault: the node runtime's (containerd's) default, as NodeFacts gives it.
+        args += ["--security-opt", f"seccomp={facts.runtime_default_seccomp}"]
     apparmor = (sc.get("appArmorProfile") or {}).get("type", "RuntimeDefault")
     if apparmor == "Unconfined":
         args += ["--security-opt", "apparmor=unconfined"]

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -186,3 +187,15 @@ def build_project_image(dockerfile: Path) -> str:
             args["PIP_ARGS"] = "--no-index"
         name = context.relative_to(ROOT).as_posix().replace("/", "-")
         return build(f"{TEST_REPO}/{name}", context, dockerfile, args, ids)
+
+
+PODMAN_DEFAULT_SECCOMP = Path("/usr/share/containers/seccomp.json")
+
+
+def runtime_default_seccomp(dest: Path) -> str:
+    """Write containerd's RuntimeDefault stand-in (pod_to_podman.containerd_default_seccomp over
+    podman's default profile) to `dest` and return its path."""
+    from tests.containers.pod_to_podman import containerd_default_seccomp
+
+    dest.write_text(json.dumps(containerd_default_seccomp(json.loads(PODMAN_DEFAULT_SECCOMP.read_text()))))
+    return str(dest)

@@ -58,6 +58,7 @@ def test_agent_loads_its_programs_and_serves_metrics_under_the_rendered_security
     facts = NodeFacts(
         host_paths={"/sys/fs/bpf": str(private_bpffs), "/sys/fs/cgroup": cgroup2_mount(), **{k: str(v) for k, v in logs.items()}},
         apparmor_enabled=podman_env.apparmor_enabled(),
+        runtime_default_seccomp=podman_env.runtime_default_seccomp(tmp_path / "containerd-default.json"),
     )
     name = f"gpuinfra-test-agent-{uuid.uuid4().hex[:8]}"
     try:
@@ -71,7 +72,8 @@ def test_agent_loads_its_programs_and_serves_metrics_under_the_rendered_security
         while time.monotonic() < deadline:
             r = podman_env.podman("exec", name, "python3", "-c", METRICS.format(port=port), check=False, timeout=10)
             body = r.stdout
-            if r.returncode == 0 and "ebpf_program_loaded" in body:
+            programs = {e["name"]: e.get("value") for e in c["env"]}["GPUINFRA_EBPF_PROGRAMS"].split(",")
+            if r.returncode == 0 and all(f'ebpf_program_loaded{{program="{p}"}} 1.0' in body for p in programs):
                 break
             state = podman_env.podman("inspect", "--format", "{{.State.Running}}", name, check=False).stdout.strip()
             assert state == "true", podman_env.podman("logs", name, check=False).stderr[-3000:]
@@ -81,8 +83,12 @@ def test_agent_loads_its_programs_and_serves_metrics_under_the_rendered_security
         for program in env["GPUINFRA_EBPF_PROGRAMS"].split(","):
             assert f'ebpf_program_loaded{{program="{program}"}} 1.0' in body, f"{program} not loaded:\n{body}\n{logs_out.stderr[-3000:]}"
         assert "ebpf_agent_up 1.0" in body, body
+        # The pin dir is a mount of a node directory under /sys/fs/bpf, which the private bpffs stands in for.
         pin_dir = env["GPUINFRA_EBPF_PIN_DIR"]
-        assert pin_dir.startswith("/sys/fs/bpf/")
-        assert (private_bpffs / Path(pin_dir).relative_to("/sys/fs/bpf")).is_dir(), "pins went to the private bpffs"
+        mount = next(m for m in c["volumeMounts"] if m["mountPath"] == pin_dir)
+        host = next(v for v in pod["volumes"] if v["name"] == mount["name"])["hostPath"]["path"]
+        assert host.startswith("/sys/fs/bpf/"), host
+        pins = private_bpffs / Path(host).relative_to("/sys/fs/bpf")
+        assert pins.is_dir() and any(pins.iterdir()), f"no pins in the private bpffs at {pins}"
     finally:
         podman_env.podman("rm", "-f", "-t", "10", name, check=False)

@@ -63,6 +63,7 @@ def test_sidecar_and_prestop_hook_drain_over_the_shared_volume(dev_run, built_im
     cache = tmp_path / "cache"
     cache.mkdir()
     facts = NodeFacts(apparmor_enabled=podman_env.apparmor_enabled(),
+        runtime_default_seccomp=podman_env.runtime_default_seccomp(tmp_path / "containerd-default.json"),
         field_refs={"metadata.name": "m-0", "metadata.namespace": "llm-serving", "spec.nodeName": "node-1"},
         volume_dirs={"drain": str(drain_tmpfs), "drain-api": str(api), "model-cache": str(cache)},
     )
