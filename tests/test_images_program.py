@@ -25,7 +25,8 @@ IMAGE = "docker-build:index:Image"
 DIGEST = re.compile(r"^[^@\s]+@sha256:[0-9a-f]{64}$")
 TAG_PINNED_THIRD_PARTY = {VLLM_IMAGE}
 """Images allowed with a tag alone: vLLM's release image, whose digest for the pinned tag could not be
-verified from here (no registry is reachable); a stack names it by digest with `engine.image`."""
+verified from here (no registry is reachable, and no stored public source names one: docs/images.md
+lists what was searched); a stack names it by digest with `engine.image`."""
 WORKLOAD_KINDS = {"Deployment", "DaemonSet", "StatefulSet", "ReplicaSet", "Job", "CronJob", "Pod"}
 
 
