@@ -12,6 +12,20 @@ namespaces"). tests/test_pod_security_admission.py applies the upstream checks t
   root (Restricted requires runAsNonRoot); `privileged` when a model placed on the cluster keeps its
   cache on a hostPath (Baseline forbids hostPath volumes). The drain sidecar, pre-warm and router pass
   `restricted` on their own.
+- The monitoring namespace (`observability.monitoring_namespace`, when the stack installs
+  kube-prometheus-stack) holds that chart's pods, which the stack does not render: `privileged`,
+  because its prometheus-node-exporter subchart (on by default: `nodeExporter.enabled: true`) runs
+  with `hostNetwork: true`, `hostPID: true` and hostPath mounts of `/`, `/proc` and `/sys`
+  (prometheus-community/helm-charts charts/prometheus-node-exporter/values.yaml and
+  templates/daemonset.yaml, chart 4.56.1 as kube-prometheus-stack 88.5.3 pins it, commit
+  cf408a290aec489277a94450bb3511432477a53a); Baseline refuses all three.
+- The KEDA namespace (`observability.keda_namespace`, when the stack installs KEDA) holds the
+  operator, metrics API server and admission webhooks: `restricted`. The chart's defaults give each
+  pod `runAsNonRoot: true` and each container `capabilities.drop: [ALL]`,
+  `allowPrivilegeEscalation: false` and a RuntimeDefault seccomp profile, with only Secret volumes
+  and no host namespaces (kedacore/charts keda/values.yaml `securityContext`/`podSecurityContext`
+  at 9f7393a98910a06686c5094c9471d2031829c6a2, and templates/{manager,metrics-server,webhooks}/
+  deployment.yaml at 1444d00d90d7668cf7f53f270777d039371d90d0).
 - A consumer team's namespace (`consumers[]`) holds that team's own workloads, which the stack does
   not render: `baseline` enforced (the level the Pod Security Standards call the minimally
   restrictive default for ordinary workloads), `restricted` audited and warned, so the team sees what
@@ -63,11 +77,20 @@ def serving_level(cfg: StackConfig, cluster: str) -> Level:
     return "baseline" if models else "restricted"
 
 
+MONITORING_LEVEL: Level = "privileged"
+"""kube-prometheus-stack's node-exporter needs host namespaces and hostPath (module docstring)."""
+KEDA_LEVEL: Level = "restricted"
+"""KEDA's pods pass Restricted with the chart's default security contexts (module docstring)."""
+
+
 def namespace_pod_security(cfg: StackConfig, cluster: Any) -> dict[str, dict[str, str]]:
-    """Namespace role (`system`, `serving`, `consumer`) -> its Pod Security admission labels."""
+    """Namespace role (`system`, `serving`, `monitoring`, `keda`, `consumer`) -> its Pod Security
+    admission labels."""
     version = psa_version(cluster)
     return {
         "system": namespace_labels(system_level(cfg), version),
         "serving": namespace_labels(serving_level(cfg, cluster.name), version),
+        "monitoring": namespace_labels(MONITORING_LEVEL, version),
+        "keda": namespace_labels(KEDA_LEVEL, version),
         "consumer": namespace_labels("baseline", version, advise="restricted"),
     }

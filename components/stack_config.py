@@ -83,6 +83,7 @@ class StackConfig(Base):
         errors += _ebpf_agent_ports(self)
         errors += _image_registry(self)
         errors += _consumers(self)
+        errors += _platform_namespaces(self)
         if not errors:
             errors += _placements(self)
         if errors:
@@ -200,6 +201,20 @@ def _aws_endpoint_restricted(s: StackConfig) -> list[str]:
         f"to the internet; allowed in prod: the deployer's egress CIDRs only (CI runners' NAT, VPN)"
         for i, c in enumerate(s.clusters)
         if isinstance(c, AwsCluster) and c.endpoint.open_to_internet
+    ]
+
+
+def _platform_namespaces(s: StackConfig) -> list[str]:
+    """Each namespace the stack creates is one Namespace object with one Pod Security level, so no
+    two of them may share a name (components/platform/addons.py)."""
+    o = s.observability
+    keys = [("namespaces.serving", s.namespaces.serving)]
+    keys += [("namespaces.system", s.namespaces.system)] if s.ebpf_agent.enabled else []
+    keys += [("observability.monitoring_namespace", o.monitoring_namespace)] if o.install_prometheus_stack else []
+    keys += [("observability.keda_namespace", o.keda_namespace)] if o.install_keda else []
+    return [
+        f"{key}: '{ns}' is also {', '.join(k for k, n in keys[:i] if n == ns)}; allowed: a namespace of its own"
+        for i, (key, ns) in enumerate(keys) if any(n == ns for _, n in keys[:i])
     ]
 
 

@@ -25,7 +25,8 @@ IMAGE = "docker-build:index:Image"
 DIGEST = re.compile(r"^[^@\s]+@sha256:[0-9a-f]{64}$")
 TAG_PINNED_THIRD_PARTY = {VLLM_IMAGE}
 """Images allowed with a tag alone: vLLM's release image, whose digest for the pinned tag could not be
-verified from here (no registry is reachable); a stack names it by digest with `engine.image`."""
+verified from here (no registry is reachable, and no stored public source names one: docs/images.md
+lists what was searched); a stack names it by digest with `engine.image`."""
 WORKLOAD_KINDS = {"Deployment", "DaemonSet", "StatefulSet", "ReplicaSet", "Job", "CronJob", "Pod"}
 
 
@@ -195,3 +196,25 @@ def test_a_code_change_changes_the_tag(tmp_path):
     assert image_tag(src, ["linux/amd64", "linux/arm64"], tmp_path) != before, "another platform set is another build"
     (ctx / "drain.py").write_text("x = 2\n")
     assert image_tag(src, amd64, tmp_path) != before
+
+
+def test_chart_images_with_a_floating_default_are_pinned_by_version_and_digest(any_run):
+    """kube-prometheus-stack's CRD upgrade Job (`crds.upgradeJob`, enabled) defaults to busybox
+    `latest` and to kubectl at the cluster's own version (chart values.yaml, vendored excerpt under
+    tests/schemas/helm/): the rendered values pin both by exact version and digest."""
+    import yaml
+
+    from components.platform.addons_values import KPS_PINNED_IMAGES
+
+    excerpt = yaml.safe_load((Path(__file__).parent / "schemas/helm/kube-prometheus-stack.values-excerpt.yaml").read_text())
+    releases = [r for r in any_run.by_type("kubernetes:helm.sh/v3:Release") if r.inputs["chart"] == "kube-prometheus-stack"]
+    for r in releases:
+        for img in KPS_PINNED_IMAGES:
+            default, values = excerpt, r.inputs["values"]
+            for key in img.values_path:
+                default, values = default[key], values[key]
+            assert default["tag"] in ("latest", ""), f"{img.values_path}: the chart pins {default['tag']!r} itself"
+            assert f"{default['registry']}/{default['repository']}" == img.image, img.values_path
+            tag = values["tag"]
+            assert re.fullmatch(r"v?\d+\.\d+\.\d+@sha256:[0-9a-f]{64}", tag), f"{r.urn} {img.values_path}: {tag!r}"
+            assert DIGEST.match(f"{img.image}:{tag}"), tag

@@ -1,5 +1,6 @@
 """Pod Security admission on the namespaces the stack creates: each carries enforce/audit/warn labels
-(and their `-version`, pinned to the cluster's minor) at the strictest level its rendered pods pass.
+(and their `-version`, pinned to the cluster's minor) at the strictest level its rendered pods pass,
+or, for a namespace a Helm chart fills, at the level the chart's default pods pass (CHART_PODS).
 
 The checks below restate the upstream Pod Security Standards implementation, one function per check,
 from kubernetes/kubernetes `staging/src/k8s.io/pod-security-admission/policy/` (read at the commits
@@ -13,9 +14,12 @@ from typing import Any, Callable
 
 import pytest
 
-from components.pod_security import PSA_PREFIX
+from components.pod_security import KEDA_LEVEL, MONITORING_LEVEL, PSA_PREFIX
+from tests.conftest import stack_run
+from tests.support import assert_config_error
+from tests.test_aws_program import after
 from tests.test_images_program import containers, pod_specs
-from tools.offline import ProgramRun, manifest, parsed_config
+from tools.offline import PROJECT, ProgramRun, manifest, parsed_config, run_program, stack_config
 
 LEVELS = ("restricted", "baseline", "privileged")
 
@@ -139,6 +143,45 @@ def strictest(pods: list[dict[str, Any]]) -> str:
     return next(level for level in LEVELS if not any(violations(p, level) for p in pods))
 
 
+RELEASE = "kubernetes:helm.sh/v3:Release"
+
+# The pods a chart creates with its default values (the stack does not render them; Helm does),
+# restated field by field from the chart's sources at the closest stored commits to the pins
+# (kube-prometheus-stack 92.2.0 and KEDA 2.21.0 are not stored; see tests/schemas/README.md):
+CHART_PODS: dict[str, tuple[str, list[dict[str, Any]]]] = {
+    # prometheus-community/helm-charts @cf408a290aec489277a94450bb3511432477a53a (kube-prometheus-stack
+    # 88.5.3, which pins prometheus-node-exporter 4.56.1): charts/prometheus-node-exporter/values.yaml
+    # `hostNetwork: true`, `hostPID: true`, `hostRootFsMount.enabled: true`, `securityContext`
+    # (runAsNonRoot, 65534) and `containerSecurityContext` (readOnlyRootFilesystem only);
+    # templates/daemonset.yaml mounts /proc, /sys and / as hostPath volumes.
+    "kube-prometheus-stack": (MONITORING_LEVEL, [{
+        "hostNetwork": True, "hostPID": True, "hostIPC": False,
+        "securityContext": {"fsGroup": 65534, "runAsGroup": 65534, "runAsNonRoot": True, "runAsUser": 65534},
+        "containers": [{"name": "node-exporter", "securityContext": {"readOnlyRootFilesystem": True}}],
+        "volumes": [{"name": "proc", "hostPath": {"path": "/proc"}}, {"name": "sys", "hostPath": {"path": "/sys"}},
+                    {"name": "root", "hostPath": {"path": "/"}}],
+    }]),
+    # kedacore/charts keda/values.yaml @9f7393a98910a06686c5094c9471d2031829c6a2 `securityContext.{operator,
+    # metricServer,webhooks}` and `podSecurityContext.{...}`; templates/{manager,metrics-server,webhooks}/
+    # deployment.yaml @1444d00d90d7668cf7f53f270777d039371d90d0: Secret volumes only, `hostNetwork:
+    # {{ .Values.<component>.useHostNetwork }}` (default false), no init containers by default.
+    "keda": (KEDA_LEVEL, [{
+        "hostNetwork": False,
+        "securityContext": {"runAsNonRoot": True},
+        "containers": [{"name": name, "securityContext": {
+            "capabilities": {"drop": ["ALL"]}, "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+            "seccompProfile": {"type": "RuntimeDefault"}}}],
+        "volumes": [{"name": "certificates", "secret": {"secretName": "kedaorg-certs"}}],
+    } for name in ("keda-operator", "keda-operator-metrics-apiserver", "keda-admission-webhooks")]),
+}
+
+
+def chart_namespaces(run: ProgramRun) -> dict[str, str]:
+    """`<provider>|<namespace>` -> the chart of the Helm release installed there."""
+    return {f"{r.provider}|{r.inputs['namespace']}": r.inputs["chart"] for r in run.by_type(RELEASE)
+            if r.inputs["chart"] in CHART_PODS}
+
+
 def namespaces_and_pods(run: ProgramRun) -> tuple[dict[str, dict], dict[str, list]]:
     """Per cluster provider: namespace name -> labels, and namespace name -> rendered pod specs."""
     ns: dict[str, dict] = {}
@@ -154,6 +197,7 @@ def namespaces_and_pods(run: ProgramRun) -> tuple[dict[str, dict], dict[str, lis
 
 def test_every_namespace_enforces_the_strictest_level_its_pods_pass(any_run):
     ns, pods = namespaces_and_pods(any_run)
+    charts = chart_namespaces(any_run)
     assert ns
     for key, labels in ns.items():
         level = labels.get(f"{PSA_PREFIX}/enforce")
@@ -166,9 +210,10 @@ def test_every_namespace_enforces_the_strictest_level_its_pods_pass(any_run):
             continue
         for mode in ("audit", "warn"):
             assert labels[f"{PSA_PREFIX}/{mode}"] == level, key
-        for p in pods.get(key, []):
+        ns_pods = pods.get(key, []) + CHART_PODS.get(charts.get(key, ""), ("", []))[1]
+        for p in ns_pods:
             assert not violations(p, level), f"{key} enforces {level}: {violations(p, level)}"
-        assert level == strictest(pods.get(key, [])), f"{key}: its pods pass {strictest(pods.get(key, []))}, it enforces {level}"
+        assert level == strictest(ns_pods), f"{key}: its pods pass {strictest(ns_pods)}, it enforces {level}"
 
 
 def test_version_labels_pin_the_clusters_minor(dev_run, prod_run):
@@ -204,3 +249,48 @@ def test_the_agent_namespace_is_privileged_and_a_pvc_cache_makes_serving_baselin
 ])
 def test_the_checks_classify_known_pods(pod, level):
     assert strictest([pod]) == level
+
+
+@pytest.mark.parametrize("chart", sorted(CHART_PODS))
+def test_each_charts_default_pods_pass_exactly_its_stated_level(chart):
+    level, pods = CHART_PODS[chart]
+    assert strictest(pods) == level, f"{chart}: its default pods pass {strictest(pods)}, the stack labels {level}"
+
+
+def test_the_addon_namespaces_are_the_stacks_own_and_their_releases_wait_for_them(any_run):
+    """Helm creates no namespace (`create_namespace` false); each release's namespace is a labelled
+    Namespace object of the stack, created before the release and, Pulumi deleting dependents first,
+    deleted after it."""
+    namespaces = {f"{r.provider}|{manifest(r)['metadata']['name']}": r
+                  for r in any_run.kubernetes_objects() if r.type == "kubernetes:core/v1:Namespace"}
+    charts = chart_namespaces(any_run)
+    for r in any_run.by_type(RELEASE):  # Helm's default is false; the add-ons say so explicitly
+        want = (False,) if r.inputs["chart"] in CHART_PODS else (False, None)
+        assert r.inputs.get("createNamespace") in want, f"{r.urn}: Helm would create an unlabelled namespace"
+    for key, chart in charts.items():
+        ns = namespaces.get(key)
+        assert ns is not None, f"{chart}: no Namespace object for {key}"
+        release = next(r for r in any_run.by_type(RELEASE) if f"{r.provider}|{r.inputs['namespace']}" == key)
+        assert after(any_run, release, ns), f"{release.urn} does not wait for {ns.urn}"
+        want = CHART_PODS[chart][0]
+        assert manifest(ns)["metadata"]["labels"][f"{PSA_PREFIX}/enforce"] == want, key
+    cfg = parsed_config(any_run).observability
+    assert sorted(charts.values()) == sorted(
+        [c for c, on in (("kube-prometheus-stack", cfg.install_prometheus_stack), ("keda", cfg.install_keda)) if on]
+        * len(parsed_config(any_run).clusters)), any_run.stack
+
+
+def test_a_tenant_without_the_addons_creates_none_of_their_namespaces():
+    byo_run = stack_run("byo")
+    o = parsed_config(byo_run).observability
+    assert not o.install_keda and not o.install_prometheus_stack
+    names = {manifest(r)["metadata"]["name"] for r in byo_run.kubernetes_objects() if r.type == "kubernetes:core/v1:Namespace"}
+    assert not names & {o.monitoring_namespace, o.keda_namespace}, names
+
+
+def test_two_platform_namespaces_with_one_name_are_refused():
+    cfg = stack_config("dev")
+    obs = dict(cfg.get(f"{PROJECT}:observability") or {})
+    obs["keda_namespace"] = obs.get("monitoring_namespace", "monitoring")
+    run = run_program("dev", config={**cfg, f"{PROJECT}:observability": obs}, raise_errors=False)
+    assert_config_error(run, "namespace-collision", ["observability.keda_namespace", "is also observability.monitoring_namespace"])

@@ -1,5 +1,9 @@
 """PlatformAddons: the per-cluster namespaces and the shared add-ons the platform layers need:
-KEDA and kube-prometheus-stack (pinned Helm releases, CRDs included) when enabled."""
+KEDA and kube-prometheus-stack (pinned Helm releases, CRDs included) when enabled.
+
+Every namespace the stack uses is a Namespace object of its own, labelled with its Pod Security
+admission level: Helm's `create_namespace` would create the add-ons' namespaces unlabelled. Each
+release depends on its namespace, so it is installed after it and uninstalled before it."""
 
 from __future__ import annotations
 
@@ -23,7 +27,8 @@ class PlatformAddonsArgs:
     observability: ObservabilityConfig
     labels: dict[str, str]
     namespace_labels: dict[str, dict[str, str]] = field(default_factory=dict)
-    """Extra labels per namespace role (`system`, `serving`): the Pod Security admission labels."""
+    """Extra labels per namespace role (`system`, `serving`, `monitoring`, `keda`, `consumer`): the
+    Pod Security admission labels."""
     alert_secrets: dict[str, pulumi.Output[str]] = field(default_factory=dict)
     """The alert receivers' credentials (Pulumi secrets), by config key."""
     system_namespace_needed: bool = True
@@ -53,6 +58,12 @@ class PlatformAddons(pulumi.ComponentResource):
         roles = [("serving", args.namespaces.serving)]
         if args.system_namespace_needed:
             roles.insert(0, ("system", args.namespaces.system))
+        # The add-ons' namespaces only where this stack installs the add-on (a tenant reusing
+        # another stack's add-ons must not own, or delete, that stack's namespaces).
+        if o.install_prometheus_stack:
+            roles.append(("monitoring", o.monitoring_namespace))
+        if o.install_keda:
+            roles.append(("keda", o.keda_namespace))
         for role, ns_name in roles:
             ns[role] = k8s.core.v1.Namespace(
                 f"{name}-ns-{role}",
@@ -82,12 +93,14 @@ class PlatformAddons(pulumi.ComponentResource):
         if o.install_prometheus_stack:
             self.releases["kube-prometheus-stack"] = self._release(
                 f"{name}-kube-prometheus-stack", KPS_CHART, o.prometheus_release_label,
-                o.monitoring_namespace, kps_values(o), child,
+                o.monitoring_namespace, kps_values(o), pulumi.ResourceOptions.merge(
+                    child, pulumi.ResourceOptions(depends_on=[ns["monitoring"]])),
             )
             self._alert_receivers_secret(name, args, self.releases["kube-prometheus-stack"])
         if o.install_keda:
             self.releases["keda"] = self._release(
-                f"{name}-keda", KEDA_CHART, KEDA_RELEASE, o.keda_namespace, keda_values(), child
+                f"{name}-keda", KEDA_CHART, KEDA_RELEASE, o.keda_namespace, keda_values(),
+                pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=[ns["keda"]])),
             )
         self.register_outputs(
             {
@@ -99,8 +112,8 @@ class PlatformAddons(pulumi.ComponentResource):
         )
 
     def _alert_receivers_secret(self, name: str, args: PlatformAddonsArgs, release: k8s.helm.v3.Release) -> None:
-        """The Secret Alertmanager mounts its receivers' credentials from. It follows the release,
-        which creates the monitoring namespace; until it exists the Alertmanager pod waits in
+        """The Secret Alertmanager mounts its receivers' credentials from. It follows the release
+        (which follows the monitoring namespace); until it exists the Alertmanager pod waits in
         ContainerCreating (the kubelet retries a missing Secret volume). Values stay Pulumi secrets."""
         a = args.observability.alerting
         warning = unrouted_warning(a)
@@ -149,7 +162,7 @@ class PlatformAddons(pulumi.ComponentResource):
             version=pin.version,
             repository_opts=k8s.helm.v3.RepositoryOptsArgs(repo=pin.repo),
             namespace=namespace,
-            create_namespace=True,
+            create_namespace=False,  # the stack's own Namespace object, with its PSA labels
             skip_crds=False,
             atomic=True,
             cleanup_on_fail=True,
