@@ -87,7 +87,7 @@ def helm_release_no_plaintext_secrets(args: ResourceValidationArgs, report_viola
         return
     undecided = Undecided()
     with undecided.part("values"):
-        for path, why in dict(scan(as_map(args.props.get("values")), "values")).items():
+        for path, why in dict(scan(as_map(args.props.get("values")), "values", trust_secrets=True)).items():
             report_violation(
                 f"Helm {path} {why} in plain text (it lands in the program and the release's stored "
                 f"values); {FIX}"

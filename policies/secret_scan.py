@@ -4,8 +4,8 @@ A value is a credential by its shape (a known token format, whatever its name) o
 or env var named like one, with a value that is not a flag, a path or a reference). References are
 allowed explicitly: `valueFrom`/`secretKeyRef`/`secretRef`/`envFrom` subtrees, `existingSecret*`
 keys, a `*Key` that names a key of a Secret (the charts' `existingSecret` + `passwordKey` pattern),
-`*_file` paths, values the engine does not know yet (computed during preview) and Pulumi secrets
-(`policies/secret_values.py`). A finding never repeats the value.
+`*_file` paths, values the engine does not know yet (computed during preview) and, in Helm values,
+Pulumi secrets (`policies/secret_values.py`). A finding never repeats the value.
 """
 
 from __future__ import annotations
@@ -82,9 +82,9 @@ def shape_of(value: str) -> Optional[str]:
     return None
 
 
-def finding(name: str, value: Any) -> Optional[str]:
-    """Why `name: value` is a credential in clear, or None."""
-    if not isinstance(value, str) or value == "" or is_secret(value) or is_unknown(value):
+def finding(name: str, value: Any, trust_secrets: bool = False) -> Optional[str]:
+    """Why `name: value` is a credential in clear, or None (`trust_secrets`: a Pulumi secret is not)."""
+    if not isinstance(value, str) or value == "" or (trust_secrets and is_secret(value)) or is_unknown(value):
         return None
     shape = shape_of(value)
     if shape:
@@ -111,22 +111,22 @@ _LINE = re.compile(r"""^\s*(?:export\s+)?["']?([A-Za-z_][\w.-]*)["']?\s*[:=]\s*(
 such as `token = f.read()`) is not a literal."""
 
 
-def _embedded(path: str, text: str) -> Iterator[tuple[str, str]]:
+def _embedded(path: str, text: str, trust: bool) -> Iterator[tuple[str, str]]:
     """A multi-line string holding a config file (YAML, JSON or `key = value` lines)."""
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError:
         doc = None
     if isinstance(doc, (Mapping, list)):
-        yield from scan(doc, path)
+        yield from scan(doc, path, trust)
         return
     for i, line in enumerate(text.splitlines()):
         m = _LINE.match(line)
-        if m and (why := finding(m.group(1), next(g for g in m.groups()[1:] if g is not None))):
+        if m and (why := finding(m.group(1), next(g for g in m.groups()[1:] if g is not None), trust)):
             yield f"{path} line {i + 1}", why
 
 
-def _flags(path: str, argv: list[str]) -> Iterator[tuple[str, str]]:
+def _flags(path: str, argv: list[str], trust: bool) -> Iterator[tuple[str, str]]:
     for i, arg in enumerate(argv):
         if arg.startswith("--") and "=" in arg:
             name, value = arg[2:].split("=", 1)
@@ -135,45 +135,50 @@ def _flags(path: str, argv: list[str]) -> Iterator[tuple[str, str]]:
         else:
             continue
         if secret_name(name.replace("-", "_")) and not re.fullmatch(r"\$\(?\{?[A-Za-z_][A-Za-z0-9_]*\}?\)?", value):
-            if why := finding(name.replace("-", "_"), value):
+            if why := finding(name.replace("-", "_"), value, trust):
                 yield f"{path}[{i}]", why
 
 
-def scan(tree: Any, path: str = "") -> Iterator[tuple[str, str]]:
-    """(path, why) for every credential in clear in `tree` (Helm values, a container, ConfigMap data)."""
+def scan(tree: Any, path: str = "", trust_secrets: bool = False) -> Iterator[tuple[str, str]]:
+    """(path, why) for every credential in clear in `tree` (Helm values, a container, ConfigMap data).
+
+    `trust_secrets`: a Pulumi secret is not in clear. True for Helm values (encrypted in the state; the
+    chart decides where a value lands, kube-prometheus-stack renders `alertmanager.config` into a
+    Secret); False for a pod spec or a ConfigMap, which anyone who can read the object reads in clear."""
+    trust = trust_secrets
     if isinstance(tree, Mapping):
         keys = list(tree)
         if "name" in keys and "value" in keys:  # env, httpHeaders: {name, value}
             known_n, n = _read(tree, "name")
             known_v, v = _read(tree, "value")
-            if known_n and known_v and isinstance(v, str) and (why := finding(str(n), v)):
+            if known_n and known_v and isinstance(v, str) and (why := finding(str(n), v, trust)):
                 yield f"{path}[{n}]", why
         for k in keys:
             if k in REFERENCE_KEYS or camel_to_snake(str(k)).startswith("EXISTING_") or (k == "value" and "name" in keys):
                 continue
             known, v = _read(tree, k)
-            if not known or is_secret(v):
+            if not known or (trust and is_secret(v)):
                 continue
             sub = f"{path}.{k}" if path else str(k)
             if isinstance(v, str):
                 if key_reference(str(k), v, tree):
                     continue
-                if why := finding(str(k), v):
+                if why := finding(str(k), v, trust):
                     yield sub, why
-                elif "\n" in v.strip() and not is_secret(v):
-                    yield from _embedded(sub, v)
+                elif "\n" in v.strip():
+                    yield from _embedded(sub, v, trust)
             else:
-                yield from scan(v, sub)
+                yield from scan(v, sub, trust)
     elif is_seq(tree):
         items = [_read(tree, i) for i in range(len(tree))]
         strings = [v for known, v in items if known and isinstance(v, str)]
         if strings and len(strings) == len(items):
-            yield from _flags(path, [str(s) for s in strings])
+            yield from _flags(path, strings, trust)
         for i, (known, v) in enumerate(items):
-            if not known or is_secret(v):
+            if not known or (trust and is_secret(v)):
                 continue
             if isinstance(v, str):
                 if shape := shape_of(v):
                     yield f"{path}[{i}]", f"holds {shape}"
             else:
-                yield from scan(v, f"{path}[{i}]")
+                yield from scan(v, f"{path}[{i}]", trust)

@@ -1,0 +1,102 @@
+"""The issue-26 rules, each case run two ways: through the project's runner (`tools.policy_check.evaluate`)
+and through the real analyzer (the pack served by `python -m pulumi.policy` from `.policy-venv`, asked
+over gRPC with the properties as protobuf Structs, so numbers arrive as doubles and Pulumi secrets with
+the engine's secret signature). Every rule has a compliant case, a violating one, one with properties
+missing, and at least one written differently but meaning the same. Case data: tests/policy_cases.py."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+from google.protobuf import struct_pb2
+from pulumi.runtime import proto
+from pulumi_policy import PolicyResource, StackValidationPolicy
+
+from policies.pack import POLICIES
+from policies.secret_values import SECRET_SIG, SIG_KEY, unwrap_marking
+from tests.policy_cases import CASES, Case
+from tests.test_policies_analyzer import analyzer  # noqa: F401 - the served pack, a module fixture
+from tools.policy_check import evaluate, resolve_config
+
+BY_NAME = {p.name: p for p in POLICIES}
+IDS = [f"{c.rule}:{c.what}" for c in CASES]
+
+
+def _urn(type_: str, name: str) -> str:
+    return f"urn:pulumi:t::p::{type_}::{name}"
+
+
+def _messages_runner(case: Case) -> list[str]:
+    configs, levels = resolve_config(POLICIES, {}, None)
+    resources = [
+        PolicyResource(t, unwrap_marking(copy.deepcopy(p)), _urn(t, n), n, None, None, None, [], {})
+        for n, (t, p) in enumerate(case.resources)
+    ]
+    return [v.message for v in evaluate(resources, configs, levels, [BY_NAME[case.rule]])]
+
+
+def _struct(props: dict) -> struct_pb2.Struct:
+    st = struct_pb2.Struct()
+    st.update(props)
+    return st
+
+
+def _messages_analyzer(stub, case: Case) -> list[str]:
+    policy = BY_NAME[case.rule]
+    diags = []
+    if isinstance(policy, StackValidationPolicy):
+        req = proto.AnalyzeStackRequest(resources=[
+            proto.AnalyzerResource(type=t, properties=_struct(p), urn=_urn(t, str(n)), name=str(n))
+            for n, (t, p) in enumerate(case.resources)
+        ])
+        diags = stub.AnalyzeStack(req, timeout=60).diagnostics
+    else:
+        for n, (t, p) in enumerate(case.resources):
+            req = proto.AnalyzeRequest(type=t, properties=_struct(p), urn=_urn(t, str(n)), name=str(n))
+            diags += stub.Analyze(req, timeout=60).diagnostics
+    return [d.message for d in diags if d.policyName == case.rule]
+
+
+def _check(case: Case, messages: list[str]) -> None:
+    if case.expect is None:
+        assert messages == [], f"{case.rule} {case.what}: expected no violation, got {messages}"
+    else:
+        assert any(case.expect in m for m in messages), f"{case.rule} {case.what}: no {case.expect!r} in {messages}"
+        assert not any("can't run policy" in m for m in messages), messages
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_runner(case):
+    _check(case, _messages_runner(case))
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_analyzer(analyzer, case):  # noqa: F811
+    _check(case, _messages_analyzer(analyzer, case))
+
+
+def test_every_new_rule_has_all_four_kinds_of_case():
+    kinds: dict[str, set[str]] = {}
+    for c in CASES:
+        kinds.setdefault(c.rule, set()).add(c.kind)
+    for rule in ("kubernetes-workload-pod-security-standards", "kubernetes-workload-image-pinned",
+                 "kubernetes-workload-no-plaintext-secrets", "kubernetes-configmap-no-secrets",
+                 "kubernetes-helm-release-no-plaintext-secrets", "kubernetes-pdb-allows-disruption",
+                 "kubernetes-serving-deployment-pdb", "kubernetes-service-not-exposed",
+                 "kubernetes-networkpolicy-no-allow-all", "gcp-gke-cluster-control-plane-not-open",
+                 "aws-eks-cluster-public-endpoint-cidrs", "karpenter-nodepool-gpu-limit"):
+        assert kinds.get(rule, set()) >= {"ok", "bad", "missing", "same"}, (rule, kinds.get(rule))
+
+
+def test_every_upstream_check_has_a_failing_case():
+    from policies.pss_checks import CHECK_IDS
+
+    pss = [c for c in CASES if c.rule == "kubernetes-workload-pod-security-standards" and c.expect]
+    assert {i for i in CHECK_IDS if any(f"[{i}]" == c.expect for c in pss)} == set(CHECK_IDS)
+
+
+def test_a_secret_is_sent_with_the_engines_signature():
+    """The cases write a Pulumi secret the way the engine marshals it (`KeepSecrets: true`)."""
+    secret = [c for c in CASES if "Pulumi secret" in c.what]
+    assert secret and all(SIG_KEY in str(c.resources) and SECRET_SIG in str(c.resources) for c in secret)
