@@ -100,3 +100,17 @@ def test_a_secret_is_sent_with_the_engines_signature():
     """The cases write a Pulumi secret the way the engine marshals it (`KeepSecrets: true`)."""
     secret = [c for c in CASES if "Pulumi secret" in c.what]
     assert secret and all(SIG_KEY in str(c.resources) and SECRET_SIG in str(c.resources) for c in secret)
+
+
+@pytest.mark.parametrize("programs", [("sockredir",), ("sockredir", "tcpbp"), ("cudalat",), ("sockredir", "cudalat", "tcpbp")])
+@pytest.mark.parametrize("scan", [False, True])
+def test_the_pack_and_the_agent_agree_on_sys_admin(programs, scan):
+    """docs/ebpf-agent.md: the agent adds SYS_ADMIN exactly when cudalat runs, and the pack allows it
+    exactly then (components/agent/daemonset_spec.py `capabilities`)."""
+    from components.agent.daemonset_spec import capabilities
+    from policies.kubernetes_rules import agent_capabilities
+
+    caps = set(capabilities(programs, scan))
+    allowed = agent_capabilities({}, set(programs))
+    assert caps <= allowed, (programs, caps - allowed)
+    assert ("SYS_ADMIN" in allowed) == ("cudalat" in programs) == ("SYS_ADMIN" in caps)
