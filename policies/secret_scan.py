@@ -154,7 +154,7 @@ def scan(tree: Any, path: str = "", trust_secrets: bool = False) -> Iterator[tup
             if known_n and known_v and isinstance(v, str) and (why := finding(str(n), v, trust)):
                 yield f"{path}[{n}]", why
         for k in keys:
-            if k in REFERENCE_KEYS or camel_to_snake(str(k)).startswith("EXISTING_") or (k == "value" and "name" in keys):
+            if k in REFERENCE_KEYS or (k == "value" and "name" in keys):
                 continue
             known, v = _read(tree, k)
             if not known or (trust and is_secret(v)):

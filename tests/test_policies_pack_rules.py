@@ -114,3 +114,24 @@ def test_the_pack_and_the_agent_agree_on_sys_admin(programs, scan):
     allowed = agent_capabilities({}, set(programs))
     assert caps <= allowed, (programs, caps - allowed)
     assert ("SYS_ADMIN" in allowed) == ("cudalat" in programs) == ("SYS_ADMIN" in caps)
+
+
+def test_a_restricted_check_replaces_the_baseline_one_it_overrides():
+    """Upstream `OverrideCheckIDs`: at restricted a hostPath is `restrictedVolumes`' finding only."""
+    from policies.pss_checks import evaluate_pod
+
+    spec = {"containers": [], "volumes": [{"name": "h", "hostPath": {"path": "/etc"}}],
+            "securityContext": {"seccompProfile": {"type": "Unconfined"}}}
+    ids = {c.id for c, _ in evaluate_pod({}, spec, "restricted")}
+    assert ids == {"restrictedVolumes", "seccompProfile_restricted"}, ids
+    ids = {c.id for c, _ in evaluate_pod({}, spec, "baseline")}
+    assert ids == {"hostPathVolumes", "seccompProfile_baseline"}, ids
+
+
+def test_the_runner_marks_the_mock_engines_secret_paths():
+    from policies.secret_values import is_secret, mark_paths
+
+    props = mark_paths({"values": {"am": {"receivers": [{"url": "u"}, {"url": "v"}]}}, "n": 1}, ["values.am.receivers[1]"])
+    receivers = props["values"]["am"]["receivers"]
+    assert not is_secret(receivers[0]["url"]) and is_secret(receivers[1]["url"])
+    assert props["n"] == 1
