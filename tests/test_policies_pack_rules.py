@@ -135,3 +135,17 @@ def test_the_runner_marks_the_mock_engines_secret_paths():
     receivers = props["values"]["am"]["receivers"]
     assert not is_secret(receivers[0]["url"]) and is_secret(receivers[1]["url"])
     assert props["n"] == 1
+
+
+@pytest.mark.parametrize("image,ok", [
+    ("123456789012.dkr.ecr.us-east-1.amazonaws.com/gpuinfra/agent:0.1.0", True),
+    ("ghcr.io/gpuinfra/agent:0.1.0", False),
+])
+def test_trusted_registries_may_be_globs(image, ok):
+    from tests.policy_cases import container, dep
+
+    rule = "kubernetes-workload-image-registry-allowed"
+    configs, levels = resolve_config(POLICIES, {rule: {"allowedRegistries": ["*.dkr.ecr.*.amazonaws.com"]}}, None)
+    t, props = dep([container(image=image)])
+    vs = evaluate([PolicyResource(t, props, _urn(t, "d"), "d", None, None, None, [], {})], configs, levels, [BY_NAME[rule]])
+    assert (vs == []) == ok, [v.message for v in vs]
