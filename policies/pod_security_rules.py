@@ -160,30 +160,47 @@ def _pv_host_paths(resources: list[PolicyResource]) -> dict[tuple[str, str], Map
     return out
 
 
-def through_volumes(spec: Mapping[str, Any], ns: str, pv_host: Mapping[tuple[str, str], Mapping[str, Any]]) -> dict:
+class Overlay(Mapping):
+    """`base` with some keys replaced, without reading the others (under the CLI a read of a value
+    unknown during preview raises, so copying the whole spec would make unrelated fields matter)."""
+
+    def __init__(self, base: Mapping[str, Any], **over: Any):
+        self.base, self.over = base, over
+
+    def __getitem__(self, key: str) -> Any:
+        return self.over[key] if key in self.over else self.base[key]
+
+    def __iter__(self):
+        yield from self.over
+        yield from (k for k in self.base if k not in self.over)
+
+    def __len__(self) -> int:
+        return len(set(self.over) | set(self.base))
+
+
+def through_volumes(spec: Mapping[str, Any], ns: str, pv_host: Mapping[tuple[str, str], Mapping[str, Any]]) -> Mapping[str, Any]:
     """The pod spec with each claim bound to a hostPath PersistentVolume written as that hostPath:
     admission never sees through a claim, but the pod gets the host's directory all the same."""
     vols = []
     for v in as_list(spec.get("volumes")):
-        v = dict(as_map(v))
         claim = dig(v, "persistentVolumeClaim", "claimName")
         if claim is not None and (ns, str(claim)) in pv_host:
-            v = {"name": v.get("name"), "hostPath": dict(pv_host[(ns, str(claim))]), "viaPersistentVolume": True}
+            v = {"name": as_map(v).get("name"), "hostPath": dict(pv_host[(ns, str(claim))]), "viaPersistentVolume": True}
         vols.append(v)
-    return {**dict(spec), "volumes": vols}
+    return Overlay(spec, volumes=vols)
 
 
-def _exempt(spec: Mapping[str, Any], host_paths: list[str], root_images: list[str], run_as: bool) -> dict:
+def _exempt(spec: Mapping[str, Any], host_paths: list[str], root_images: list[str], run_as: bool) -> Mapping[str, Any]:
     """What an unlabeled namespace's pack default lets through: allow-listed hostPaths (and, for the
     runAsNonRoot/runAsUser checks, the containers whose image must run as root)."""
     vols = [v for v in as_list(spec.get("volumes"))
             if not (dig(v, "hostPath") is not None and path_allowed(str(dig(v, "hostPath", "path") or ""), host_paths))]
-    out = {**dict(spec), "volumes": vols}
+    over: dict[str, Any] = {"volumes": vols}
     if run_as:
         for key in ("initContainers", "containers", "ephemeralContainers"):
-            out[key] = [c for c in as_list(spec.get(key))
-                        if image_repository(str(as_map(c).get("image") or "")) not in root_images]
-    return out
+            over[key] = [c for c in as_list(spec.get(key))
+                         if image_repository(str(as_map(c).get("image") or "")) not in root_images]
+    return Overlay(spec, **over)
 
 
 RUN_AS_CHECKS = ("runAsNonRoot", "runAsUser")

@@ -11,6 +11,8 @@ import copy
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from pulumi_policy.proxy import UNKNOWN_STRING_VALUE
+
 from policies import common
 from policies.secret_values import SECRET_SIG, SIG_KEY
 from policies.workloads import EBPF_AGENT_LABELS, EBPF_AGENT_NAME, EBPF_AGENT_NAMESPACE
@@ -140,6 +142,7 @@ PSS_CASES = [
         (common.PERSISTENT_VOLUME_CLAIM, {"metadata": {"name": "c", "namespace": "apps"}, "spec": {"volumeName": "pv"}}),
         dep(volumes=[{"name": "d", "persistentVolumeClaim": {"claimName": "c"}}])], None),
     ("same", "a CronJob's pod template", [(common.CRONJOB, {"metadata": {"name": "j", "namespace": "apps"}, "spec": {"jobTemplate": {"spec": {"template": {"spec": {"containers": [sc(privileged=True)]}}}}}})], "[privileged]"),
+    ("same", "fields unknown during preview that no check reads", [ns("apps", "restricted"), dep([sc(privileged=True) | {"image": UNKNOWN_STRING_VALUE}], priorityClassName=UNKNOWN_STRING_VALUE)], "[privileged]"),
     ("ok", "the eBPF agent with its allow-listed access", [agent()], None),
     ("bad", "the eBPF agent mounting /etc", [agent("/etc")], "[ebpfAgent]"),
 ]
