@@ -10,8 +10,9 @@ the pack's own exemptions, which admission does not know: allow-listed hostPaths
 model cache), images that must run as root (vLLM's), and the eBPF agent (identified exactly: name,
 namespace and the platform's pod labels), which gets `privileged` plus the pack's agent guard: root,
 hostPID, its allow-listed hostPaths and an Unconfined or Localhost seccomp profile (containerd's
-RuntimeDefault denies bpf() without CAP_SYS_ADMIN), and nothing else. A claim bound to a hostPath
-PersistentVolume counts as that hostPath.
+RuntimeDefault denies bpf() without CAP_SYS_ADMIN, components/agent/daemonset_spec.py
+`seccomp_profile`), and nothing else. A claim bound to a hostPath PersistentVolume counts as that
+hostPath.
 """
 
 from __future__ import annotations
