@@ -78,7 +78,12 @@ def workload_image_pinned(args: ResourceValidationArgs, report_violation: Report
 
 # ---- kubernetes-workload-image-registry-allowed ----------------------------------------------
 
-DEFAULT_REGISTRIES = ["docker.io", "ghcr.io", "registry.k8s.io", "nvcr.io", "quay.io", "public.ecr.aws"]
+DEFAULT_REGISTRIES = [
+    "docker.io", "ghcr.io", "registry.k8s.io", "nvcr.io", "quay.io", "public.ecr.aws",
+    # The registries the stack pushes its own images to (docs/images.md): private ECR
+    # (<account>.dkr.ecr.<region>.amazonaws.com) and Artifact Registry (<location>-docker.pkg.dev).
+    "*.dkr.ecr.*.amazonaws.com", "*-docker.pkg.dev",
+]
 
 REGISTRY_SCHEMA = PolicyConfigSchema(
     properties={

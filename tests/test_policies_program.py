@@ -30,6 +30,7 @@ PDB = "kubernetes:policy/v1:PodDisruptionBudget"
 EKS_CLUSTER = "aws:eks/cluster:Cluster"
 CONFIGMAP = "kubernetes:core/v1:ConfigMap"
 NETPOL = "kubernetes:networking.k8s.io/v1:NetworkPolicy"
+NAMESPACE = "kubernetes:core/v1:Namespace"
 
 
 def violations_for(run: ProgramRun) -> list[Violation]:
@@ -123,6 +124,10 @@ def _pick(resources: list[PolicyResource], type_: str, pred: Callable[[PolicyRes
 
 def _serving(r: PolicyResource) -> bool:
     return any("vllm" in str(c.get("image", "")) for c in r.props.get("spec", {}).get("template", {}).get("spec", {}).get("containers", []))
+
+
+def _serving_ns(r: PolicyResource) -> bool:
+    return r.props.get("metadata", {}).get("name") == "llm-serving"
 
 
 def _vllm(props: dict) -> dict:
@@ -251,7 +256,7 @@ BREAKS = [
     ("karpenter-ec2nodeclass-imdsv2", "dev", NODECLASS, lambda r: True, _set(["spec", "metadataOptions", "httpPutResponseHopLimit"], 2), "set it to 1"),
     ("karpenter-ec2nodeclass-encrypted-volumes", "prod", NODECLASS, lambda r: True, _set(["spec", "blockDeviceMappings", 0, "ebs", "encrypted"], False), "ebs.encrypted"),
     ("aws-eks-cluster-secrets-encryption", "prod", EKS_CLUSTER, lambda r: True, _delete(["encryptionConfig"]), "encryption_config_key_arn"),
-    ("aws-eks-cluster-private-endpoint", "prod", EKS_CLUSTER, lambda r: True, _set(["vpcConfig", "endpointPublicAccess"], True), "endpointPublicAccess: false"),
+    ("aws-eks-cluster-private-endpoint", "prod", EKS_CLUSTER, lambda r: True, _set(["vpcConfig", "publicAccessCidrs"], ["0.0.0.0/0"]), "publicAccessCidrs"),
     ("aws-eks-cluster-audit-logging", "dev", EKS_CLUSTER, lambda r: True, _set(["enabledClusterLogTypes"], ["api", "authenticator"]), "['audit']"),
     ("aws-kms-key-rotation", "prod", "aws:kms/key:Key", lambda r: True, _set(["enableKeyRotation"], False), "enable_key_rotation"),
     ("aws-sqs-queue-encrypted", "dev", "aws:sqs/queue:Queue", lambda r: True, _set(["sqsManagedSseEnabled"], False), "sqs_managed_sse_enabled"),
@@ -263,8 +268,10 @@ BREAKS = [
     ("kubernetes-workload-image-pinned", "prod", DEPLOYMENT, _serving, _vllm_edit(lambda c: c.update(image="vllm/vllm-openai:nightly")), "moving line"),
     ("kubernetes-workload-image-pinned", "dev", DEPLOYMENT, _serving, _vllm_edit(lambda c: c.update(image="vllm/vllm-openai:0.33")), "moving line"),
     ("kubernetes-helm-release-version-pinned", "prod", RELEASE, lambda r: r.props.get("chart") == "cilium", _set(["version"], "~1.19.6"), "not an exact version"),
-    ("kubernetes-workload-pod-security-standards", "prod", DEPLOYMENT, _serving, lambda p: p["spec"]["template"]["spec"]["initContainers"][0]["securityContext"].update(allowPrivilegeEscalation=True), "allowPrivilegeEscalation"),
-    ("kubernetes-workload-pod-security-standards", "dev", DEPLOYMENT, _serving, _set(["spec", "template", "spec", "hostNetwork"], True), "hostNetwork"),
+    # the serving namespace enforces `privileged` (a hostPath model cache), so a pod change there is
+    # admitted; lowering the namespace's level is what makes admission reject the serving pods
+    ("kubernetes-workload-pod-security-standards", "prod", NAMESPACE, _serving_ns, _set(["metadata", "labels", "pod-security.kubernetes.io/enforce"], "baseline"), "[hostPathVolumes]"),
+    ("kubernetes-workload-pod-security-standards", "dev", NAMESPACE, _serving_ns, _set(["metadata", "labels", "pod-security.kubernetes.io/enforce"], "restricted"), "[runAsNonRoot]"),
     ("kubernetes-workload-pod-security-standards", "prod", DAEMONSET, _agent, _set(["spec", "template", "spec", "hostIPC"], True), "hostIPC"),
     ("kubernetes-workload-pod-security-standards", "prod", DAEMONSET, _agent, lambda p: p["spec"]["template"]["spec"]["volumes"].append({"name": "etc", "hostPath": {"path": "/etc"}}), "hostPath '/etc'"),
     ("kubernetes-workload-emptydir-size-limit", "prod", DEPLOYMENT, _serving, lambda p: p["spec"]["template"]["spec"]["volumes"][0]["emptyDir"].pop("sizeLimit"), "sizeLimit"),
@@ -283,7 +290,6 @@ BREAKS = [
     ("kubernetes-networkpolicy-no-allow-all", "prod", NETPOL, lambda r: r.props["metadata"]["name"] == "allow-serving-clients", lambda p: p["spec"]["ingress"].append({}), "without `from`"),
     ("kubernetes-networkpolicy-no-allow-all", "dev", NETPOL, lambda r: r.props["metadata"]["name"] == "allow-serving-clients", lambda p: p["spec"]["ingress"][0]["from"].append({"namespaceSelector": {}}), "every namespace"),
     ("gcp-gke-cluster-control-plane-not-open", "prod", "gcp:container/cluster:Cluster", lambda r: True, _set(["masterAuthorizedNetworksConfig", "cidrBlocks"], [{"cidrBlock": "0.0.0.0/0"}]), "every address"),
-    ("kubernetes-workload-pod-security-standards", "prod", DEPLOYMENT, _serving, lambda p: p["spec"]["template"]["spec"].setdefault("securityContext", {}).update(sysctls=[{"name": "kernel.msgmax", "value": "1"}]), "[sysctls]"),
     ("cilium-release-kube-proxy-replacement", "prod", RELEASE, lambda r: r.props.get("chart") == "cilium", _set(["values", "kubeProxyReplacement"], "strict"), "kubeProxyReplacement: true"),
     ("cilium-release-no-removed-keys", "prod", RELEASE, lambda r: r.props.get("chart") == "cilium", _set(["values", "tunnel"], "disabled"), "routingMode"),
     ("cilium-release-no-removed-keys", "prod", RELEASE, lambda r: r.props.get("chart") == "cilium", _set(["values", "hostServices"], {"enabled": True}), "socketLB"),
@@ -360,16 +366,19 @@ def test_on_demand_share_warns_when_a_pool_turns_on_demand(dev_run):
 
 def _prod_with_public_endpoint() -> dict:
     cfg = copy.deepcopy(stack_config("prod"))
-    cfg[f"{PROJECT}:clusters"][0]["endpoint"]["public_access"] = True
+    # Config refuses 0.0.0.0/0 in prod and a private-less endpoint with Cilium; without Cilium a
+    # cluster with no private endpoint passes config, and the policy catches it.
+    cluster = cfg[f"{PROJECT}:clusters"][0]
+    cluster["endpoint"]["private_access"] = False
+    cluster["cilium"] = {"enabled": False}
     return cfg
 
 
 def test_public_prod_endpoint_in_config_fires_only_the_endpoint_rule():
     _, vs = policy_check.check_stack("prod", config=_prod_with_public_endpoint())
     mandatory = [v for v in vs if v.level == "mandatory"]
-    # the config opens the endpoint without CIDRs: the provider's default 0.0.0.0/0 applies
-    assert {v.policy for v in mandatory} == {"aws-eks-cluster-private-endpoint", "aws-eks-cluster-public-endpoint-cidrs"}, table(vs)
-    assert any("endpointPublicAccess: false" in v.message for v in mandatory if v.policy == "aws-eks-cluster-private-endpoint")
+    assert {v.policy for v in mandatory} == {"aws-eks-cluster-private-endpoint"}, table(vs)
+    assert "endpointPrivateAccess: true" in mandatory[0].message
 
 
 def test_cli_exit_status_and_table(monkeypatch, capsys):

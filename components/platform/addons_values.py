@@ -5,7 +5,9 @@
   CRDs (ServiceMonitor, PrometheusRule), Prometheus, Alertmanager and Grafana with its dashboard
   sidecar.
 
-Both charts install their CRDs (Helm `crds/`), so `skip_crds` stays false.
+Both charts install their CRDs (Helm `crds/`), so `skip_crds` stays false. Helm never upgrades a
+chart's `crds/`: KEDA ships its CRDs as templates (`crds.install`), which Helm upgrades;
+kube-prometheus-stack's are upgraded by the chart's own CRD upgrade Job (`crds.upgradeJob`).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from components.platform.alerting import ALERT_SECRET_NAME, alertmanager_config
 from components.platform.config import ObservabilityConfig
 
 
@@ -62,9 +65,19 @@ def keda_values() -> dict[str, Any]:
 
 def kps_values(o: ObservabilityConfig) -> dict[str, Any]:
     """Prometheus picks up ServiceMonitors/PrometheusRules labelled `release: <release>` in any
-    namespace; Grafana loads ConfigMaps labelled `grafana_dashboard: "1"` from any namespace."""
+    namespace; Grafana loads ConfigMaps labelled `grafana_dashboard: "1"` from any namespace.
+    Alertmanager gets the whole routing config (components/platform/alerting.py) and, when a receiver
+    needs a credential, mounts the Secret holding them (`alertmanagerSpec.secrets`)."""
+    alertmanager: dict[str, Any] = {"config": alertmanager_config(o.alerting)}
+    if o.alerting.secret_keys():
+        alertmanager["alertmanagerSpec"] = {"secrets": [ALERT_SECRET_NAME]}
     return {
-        "crds": {"enabled": True},
+        # Helm installs `crds/` once and never upgrades them; the chart's pre-install/pre-upgrade
+        # hook Job server-side-applies the chart's CRDs instead (values.yaml `crds.upgradeJob`: "mitigates
+        # the limitation of helm not being able to upgrade CRDs"). `forceConflicts` adds
+        # `--force-conflicts`, so CRDs Helm created on an earlier install are taken over, not refused.
+        "crds": {"enabled": True, "upgradeJob": {"enabled": True, "forceConflicts": True}},
+        "alertmanager": alertmanager,
         "prometheus": {
             "prometheusSpec": {
                 "serviceMonitorSelectorNilUsesHelmValues": True,
