@@ -1,5 +1,6 @@
 """What the stack opens to the network: Services outside the cluster, NetworkPolicies that widen the
-default-deny, and control planes open to every address."""
+default-deny, and a GKE control plane open to every address (an EKS endpoint open to 0.0.0.0/0 in
+prod is `aws-eks-cluster-private-endpoint`'s, policies/cluster_rules.py)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,7 @@ from typing import Any, Mapping
 
 from pulumi_policy import EnforcementLevel, PolicyConfigSchema, ReportViolation, ResourceValidationArgs, ResourceValidationPolicy
 
-from policies.cluster_rules import _eks_cluster
 from policies.common import (
-    ENVIRONMENT_SCHEMA,
     GKE_CLUSTER,
     NETWORK_POLICY,
     SERVICE,
@@ -18,9 +17,7 @@ from policies.common import (
     as_map,
     config_list,
     dig,
-    environment,
     object_name,
-    truthy,
 )
 from policies.workloads import namespace_of
 
@@ -114,26 +111,6 @@ def gke_control_plane_not_open(args: ResourceValidationArgs, report_violation: R
             )
 
 
-# ---- aws-eks-cluster-public-endpoint-cidrs (prod) --------------------------------------------
-
-
-def eks_public_endpoint_cidrs(args: ResourceValidationArgs, report_violation: ReportViolation) -> None:
-    """The provider's defaults are a public endpoint (`endpointPublicAccess` true) open to
-    `publicAccessCidrs: ["0.0.0.0/0"]` (aws.eks.Cluster `vpcConfig`), so unset values fail in prod."""
-    if not _eks_cluster(args) or environment(args.get_config()) != "prod":
-        return
-    vpc = as_map(args.props.get("vpcConfig"))
-    if truthy(vpc.get("endpointPublicAccess")) is False:
-        return
-    cidrs = [str(c) for c in as_list(vpc.get("publicAccessCidrs"))] or ["0.0.0.0/0"]
-    open_ = [c for c in cidrs if _open_cidr(c)]
-    if open_:
-        report_violation(
-            f"EKS public API endpoint is open to {open_} in prod; set endpointPublicAccess: false, or "
-            f"publicAccessCidrs to the networks that administer the cluster"
-        )
-
-
 POLICIES = [
     ResourceValidationPolicy(
         name="kubernetes-service-not-exposed",
@@ -153,12 +130,5 @@ POLICIES = [
         description="GKE master authorized networks never include 0.0.0.0/0.",
         enforcement_level=EnforcementLevel.MANDATORY,
         validate=gke_control_plane_not_open,
-    ),
-    ResourceValidationPolicy(
-        name="aws-eks-cluster-public-endpoint-cidrs",
-        description="In prod an EKS public endpoint is never open to 0.0.0.0/0.",
-        enforcement_level=EnforcementLevel.MANDATORY,
-        validate=eks_public_endpoint_cidrs,
-        config_schema=ENVIRONMENT_SCHEMA,
     ),
 ]

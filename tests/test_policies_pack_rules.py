@@ -85,7 +85,7 @@ def test_every_new_rule_has_all_four_kinds_of_case():
                  "kubernetes-helm-release-no-plaintext-secrets", "kubernetes-pdb-allows-disruption",
                  "kubernetes-serving-deployment-pdb", "kubernetes-service-not-exposed",
                  "kubernetes-networkpolicy-no-allow-all", "gcp-gke-cluster-control-plane-not-open",
-                 "aws-eks-cluster-public-endpoint-cidrs", "karpenter-nodepool-gpu-limit"):
+                 "aws-eks-cluster-private-endpoint", "karpenter-nodepool-gpu-limit"):
         assert kinds.get(rule, set()) >= {"ok", "bad", "missing", "same"}, (rule, kinds.get(rule))
 
 

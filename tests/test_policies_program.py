@@ -161,8 +161,6 @@ def break_one(run: ProgramRun, type_: str, pred, mutate: Callable[[dict], Any], 
 ALSO_FIRES = {
     "kubernetes-workload-no-privileged": {"kubernetes-workload-pod-security-standards"},
     "kubernetes-workload-capabilities-allowlist": {"kubernetes-workload-pod-security-standards"},
-    # a public prod endpoint with no publicAccessCidrs is open to the provider default 0.0.0.0/0
-    "aws-eks-cluster-private-endpoint": {"aws-eks-cluster-public-endpoint-cidrs"},
 }
 """The pack's own privilege rules overlap Pod Security's `privileged` and `capabilities_*` checks
 on purpose: a break of one fires both (the Pod Security rule only where the namespace enforces them)."""
@@ -309,9 +307,7 @@ def test_breaking_one_resource_fires_exactly_its_rule(request, rule, stack, type
 
 def test_every_mandatory_rule_has_a_break_test():
     mandatory = {p.name for p in POLICIES if p.enforcement_level == EnforcementLevel.MANDATORY}
-    # the public-endpoint CIDR rule runs only in prod, where the private-endpoint rule already forbids a
-    # public endpoint: a break always fires both (tests/test_policies_pack_rules.py covers it alone)
-    assert mandatory <= {b[0] for b in BREAKS} | {"kubernetes-serving-deployment-pdb", "aws-eks-cluster-public-endpoint-cidrs"}
+    assert mandatory <= {b[0] for b in BREAKS} | {"kubernetes-serving-deployment-pdb"}
 
 
 def test_removing_a_serving_pdb_fires_only_the_pdb_rule(prod_run):

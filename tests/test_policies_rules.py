@@ -49,7 +49,6 @@ EMPTY_IS_VIOLATION = {
     ("aws-eks-cluster-secrets-encryption", common.EKS_CLUSTER),
     ("aws-eks-cluster-private-endpoint", common.EKS_CLUSTER),
     ("aws-eks-cluster-audit-logging", common.EKS_CLUSTER),
-    ("aws-eks-cluster-public-endpoint-cidrs", common.EKS_CLUSTER),  # provider default: public, 0.0.0.0/0
     ("aws-kms-key-rotation", common.KMS_KEY),
     ("aws-sqs-queue-encrypted", common.SQS_QUEUE),
     ("gcp-gke-cluster-control-plane-hardened", common.GKE_CLUSTER),
