@@ -9,5 +9,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from pulumi_policy import EnforcementLevel, PolicyPack  # noqa: E402
 
 from policies.pack import PACK_NAME, POLICIES  # noqa: E402
+from policies.secret_values import install as keep_secrets_marked  # noqa: E402
 
+keep_secrets_marked()
 PolicyPack(name=PACK_NAME, policies=POLICIES, enforcement_level=EnforcementLevel.MANDATORY)

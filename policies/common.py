@@ -60,6 +60,11 @@ EKS_NODEGROUP = "aws:eks/nodeGroup:NodeGroup"
 LAUNCH_TEMPLATE = "aws:ec2/launchTemplate:LaunchTemplate"
 CONFIGMAP = "kubernetes:core/v1:ConfigMap"
 NETWORK_POLICY = "kubernetes:networking.k8s.io/v1:NetworkPolicy"
+NAMESPACE = "kubernetes:core/v1:Namespace"
+SERVICE = "kubernetes:core/v1:Service"
+PERSISTENT_VOLUME = "kubernetes:core/v1:PersistentVolume"
+PERSISTENT_VOLUME_CLAIM = "kubernetes:core/v1:PersistentVolumeClaim"
+SCALED_OBJECT = "kubernetes:keda.sh/v1alpha1:ScaledObject"
 
 # Where each workload kind keeps its pod template (metadata + spec).
 POD_TEMPLATE_PATH: dict[str, tuple[str, ...]] = {

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any, Mapping
 
 from pulumi_policy import (
@@ -127,16 +128,38 @@ def _check_fallback(np, pools, scope: ClusterScope, report_violation: ReportViol
 # ---- karpenter-nodepool-gpu-limit ------------------------------------------------------------
 
 GPU_REQUIREMENT_KEYS = ("karpenter.k8s.aws/instance-gpu-count", "karpenter.k8s.aws/instance-gpu-name",
-                        "karpenter.k8s.aws/instance-gpu-manufacturer")
+                        "karpenter.k8s.aws/instance-gpu-manufacturer", "karpenter.k8s.aws/instance-gpu-memory")
+GPU_INSTANCE_CATEGORIES = ("g", "p")
+"""EC2 instance categories of GPU instances (`karpenter.k8s.aws/instance-category`: g = graphics, p =
+GPU compute; Karpenter's well-known labels, karpenter.sh docs "Instance Types")."""
+_GPU_FAMILY = re.compile(r"^(g|gr|p)[0-9]")
+"""EC2 GPU instance families (`g4dn`, `g5`, `g6e`, `gr6`, `p4d`, `p5`), for families the catalog lacks."""
+
+
+def _selects_gpus(r: Mapping[str, Any]) -> bool:
+    key, op = r.get("key"), r.get("operator")
+    values = [str(v) for v in as_list(r.get("values"))]
+    if key in GPU_REQUIREMENT_KEYS:
+        return op not in ("DoesNotExist", "NotIn")
+    if op != "In":
+        return False
+    if key == "karpenter.k8s.aws/instance-category":
+        return any(v in GPU_INSTANCE_CATEGORIES for v in values)
+    if key == "karpenter.k8s.aws/instance-family":
+        return any(_GPU_FAMILY.match(v) for v in values)
+    if key == "node.kubernetes.io/instance-type":
+        return any(_GPU_FAMILY.match(v.split(".", 1)[0]) for v in values)
+    return False
 
 
 def is_gpu_nodepool(props) -> bool:
-    """A NodePool that can launch GPU nodes: it tolerates-by-taint nvidia.com/gpu, selects GPU instance
-    attributes, or lists instance types/families the GPU catalog knows."""
+    """A NodePool that can launch GPU nodes: it taints nvidia.com/gpu, selects GPU instance attributes
+    (GPU count, name, manufacturer, memory), a GPU instance category (g, p) or family, or lists
+    instance types/families the GPU catalog knows."""
     tmpl = as_map(dig(props, "spec", "template", "spec"))
     if any(as_map(t).get("key") == GPU_RESOURCE for t in as_list(tmpl.get("taints"))):
         return True
-    if any(as_map(r).get("key") in GPU_REQUIREMENT_KEYS for r in as_list(tmpl.get("requirements"))):
+    if any(_selects_gpus(as_map(r)) for r in as_list(tmpl.get("requirements"))):
         return True
     return bool(karpenter_gpu_models(props))
 

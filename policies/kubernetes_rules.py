@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import fnmatch
-
-import re
 from decimal import Decimal
 from typing import Any, Mapping
 
@@ -26,30 +23,21 @@ from policies.common import (
     config_list,
     dig,
     environment,
-    has_key,
     is_unknown,
     parse_quantity,
     truthy,
 )
 from policies.workloads import (
     EBPF_AGENT_SCHEMA_PROPERTIES,
-    MUTABLE_TAGS,
-    SECRET_VALUE,
-    command_line,
     containers,
     ebpf_agent_programs,
     exact_semver,
-    flag_value,
     gpu_request,
     image_problem,
     image_registry,
-    image_tag,
     is_ebpf_agent,
-    looks_secret,
     pod_spec,
-    secret_name,
-    shell_script,
-    shell_words,
+    registry_allowed,
 )
 from policies.preview import Undecided
 
@@ -77,16 +65,13 @@ def workload_image_pinned(args: ResourceValidationArgs, report_violation: Report
         with undecided.part(where):
             image = c.get("image")
             problem = image_problem(image)
-            if problem is None and prod and image:
-                tag = image_tag(str(image))
-                if "@" not in str(image) and cfg.get("requireDigestInProd"):
-                    problem = f"image '{image}' has no digest, which prod requires"
-                elif "@" not in str(image) and tag is not None and tag.lower() in MUTABLE_TAGS:
-                    problem = f"image '{image}' uses the mutable tag '{tag}' in prod"
+            if problem is None and prod and image and "@" not in str(image) and cfg.get("requireDigestInProd"):
+                problem = f"image '{image}' has no digest, which prod requires"
             if problem:
                 report_violation(
-                    f"{where} {problem}; pin it to an exact version tag (e.g. `:v0.32.0`) or a "
-                    f"`@sha256:` digest, never `latest` (in prod never a moving tag such as main or nightly)"
+                    f"{where} {problem}; pin it to one exact release (a full version tag such as `:v0.32.0` or "
+                    f"`:3.11.17-slim-bookworm`) or an `@sha256:` digest; `latest`, `:1`, `:3.11-slim`, `:mainline` "
+                    f"or `:stable-alpine` move under a re-pull"
                 )
     undecided.settle()
 
@@ -106,8 +91,7 @@ REGISTRY_SCHEMA = PolicyConfigSchema(
             "type": "array",
             "items": {"type": "string"},
             "default": DEFAULT_REGISTRIES,
-            "description": "Registry hosts images may come from (`docker.io` for names without a host); "
-            "shell-style patterns (`*.dkr.ecr.*.amazonaws.com`) match a host.",
+            "description": "Trusted registry hosts images may come from (`docker.io` for names without a host; globs such as `*.dkr.ecr.*.amazonaws.com` allowed).",
         }
     }
 )
@@ -124,7 +108,7 @@ def workload_image_registry_allowed(args: ResourceValidationArgs, report_violati
             if not image:
                 continue
             registry = image_registry(str(image))
-            if not any(fnmatch.fnmatchcase(registry, pattern) for pattern in allowed):
+            if not registry_allowed(registry, allowed):
                 report_violation(
                     f"{where} pulls '{image}' from registry '{registry}', which is not allowed; mirror it "
                     f"into one of {allowed} or add the registry to the policy config allowedRegistries"
@@ -301,70 +285,12 @@ def workload_capabilities_allowlist(args: ResourceValidationArgs, report_violati
     undecided.settle()
 
 
-# ---- kubernetes-workload-no-plaintext-secrets -------------------------------------------------
-
-SECRET_FLAGS = ("--hf-token", "--api-key")
-_ASSIGNMENT = re.compile(r"^(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
-
-
-def secret_env_name(name: str) -> bool:
-    return secret_name(name)
-
-
-def _literal(value: str) -> bool:
-    return not re.fullmatch(r"\$\(?\{?[A-Za-z_][A-Za-z0-9_]*\}?\)?", value)
-
-
-def container_secret_problems(c: Mapping[str, Any]) -> list[str]:
-    """Where a container carries a credential literally: env values, secret flags, `sh -c` scripts."""
-    problems: list[str] = []
-    for e in as_list(c.get("env")):
-        if not isinstance(e, Mapping) or not has_key(e, "value"):
-            continue
-        name, value = str(e.get("name", "")), e.get("value")
-        if looks_secret(name, value):
-            problems.append(
-                f"sets env {name} to a literal value that looks like a secret; store it in a Kubernetes "
-                f"Secret and use `valueFrom.secretKeyRef` (the HF token comes from the secret config key `hf_token`)"
-            )
-    argv = command_line(c)
-    for flag in SECRET_FLAGS:
-        v = flag_value(argv, flag)
-        if v is not None and _literal(v):
-            problems.append(
-                f"passes {flag} a literal value on the command line; pass it through an env var from a "
-                f"`secretKeyRef` instead (vLLM reads HF_TOKEN)"
-            )
-    script = shell_script([str(x) for x in as_list(c.get("command")) + as_list(c.get("args"))])
-    if script is not None:
-        for word in shell_words(script):
-            m = _ASSIGNMENT.match(word)
-            if (m and looks_secret(m.group(1), m.group(2))) or (not m and SECRET_VALUE.search(word)):
-                problems.append(
-                    f"has a credential in its `sh -c` script ({m.group(1) if m else 'a token'}); read it "
-                    f"from an env var set by `valueFrom.secretKeyRef` instead"
-                )
-                break
-    return problems
-
-
-def workload_no_plaintext_secrets(args: ResourceValidationArgs, report_violation: ReportViolation) -> None:
-    if args.resource_type not in WORKLOAD_TYPES:
-        return
-    undecided = Undecided()
-    for where, c in containers(pod_spec(args.resource_type, args.props)):
-        with undecided.part(where):
-            for problem in container_secret_problems(c):
-                report_violation(f"{where} {problem}")
-    undecided.settle()
-
-
 # ---- the rules ------------------------------------------------------------------------------
 
 POLICIES = [
     ResourceValidationPolicy(
         name="kubernetes-workload-image-pinned",
-        description="Container images are pinned to a tag that is not `latest` (in prod not a moving tag), or to a digest.",
+        description="Container images name one exact release (a full version tag) or a digest, never a moving tag.",
         enforcement_level=EnforcementLevel.MANDATORY,
         validate=workload_image_pinned,
         config_schema=IMAGE_SCHEMA,
@@ -400,11 +326,5 @@ POLICIES = [
         enforcement_level=EnforcementLevel.MANDATORY,
         validate=workload_capabilities_allowlist,
         config_schema=CAPABILITIES_SCHEMA,
-    ),
-    ResourceValidationPolicy(
-        name="kubernetes-workload-no-plaintext-secrets",
-        description="Workload env vars and args never carry secrets as literal values.",
-        enforcement_level=EnforcementLevel.MANDATORY,
-        validate=workload_no_plaintext_secrets,
     ),
 ]

@@ -22,7 +22,6 @@ from policies.common import (
     as_list,
     as_map,
     dig,
-    has_key,
     is_unknown,
     truthy,
     whole_number,
@@ -150,11 +149,12 @@ def serving_max_unavailable(args: ResourceValidationArgs, report_violation: Repo
 
 
 def selector_matches(selector: Mapping[str, Any], labels: Mapping[str, Any]) -> bool:
-    """A LabelSelector matches `labels`; an empty selector matches nothing here (no real PDB uses it)."""
+    """A LabelSelector matches `labels`. An empty selector (`{}`) matches every pod: a policy/v1
+    PodDisruptionBudget's "empty selector will select all pods in the namespace" (k8s.io/api
+    policy/v1 types.go, PodDisruptionBudgetSpec.selector); a missing one (null) selects none, which
+    the callers decide before calling this."""
     match_labels = as_map(selector.get("matchLabels"))
     exprs = [e for e in as_list(selector.get("matchExpressions")) if isinstance(e, Mapping)]
-    if not match_labels and not exprs:
-        return False
     if any(labels.get(k) != v for k, v in match_labels.items()):
         return False
     for e in exprs:
@@ -209,6 +209,7 @@ def _check_pdb(dep: PolicyResource, pdbs: list[PolicyResource], scope: ClusterSc
             for p in pdbs
             if scope.same(dep, p)
             and (namespace_of(p.props) == ns or is_unknown(ns) or is_unknown(namespace_of(p.props)))
+            and dig(p.props, "spec", "selector") is not None
             and selector_matches(as_map(dig(p.props, "spec", "selector")), labels)
         ]
         if not covering:
@@ -264,29 +265,6 @@ def serving_no_service_account_token(args: ResourceValidationArgs, report_violat
         report_violation(
             "serving pods mount a Kubernetes API token they never use; set the pod template's "
             "automountServiceAccountToken: false"
-        )
-
-
-# ---- kubernetes-pdb-allows-disruption --------------------------------------------------------
-
-
-def pdb_allows_disruption(args: ResourceValidationArgs, report_violation: ReportViolation) -> None:
-    """maxUnavailable 0 (or 0%) or minAvailable 100% blocks every eviction: node drains, Karpenter
-    consolidation and spot replacement all wait on it forever."""
-    if args.resource_type != PDB:
-        return
-    spec = as_map(args.props.get("spec"))
-    mu = spec.get("maxUnavailable") if has_key(spec, "maxUnavailable") else None
-    ma = spec.get("minAvailable") if has_key(spec, "minAvailable") else None
-    if mu is not None and str(mu).strip() in ("0", "0%"):
-        report_violation(
-            "PodDisruptionBudget sets maxUnavailable 0, so no pod can ever be evicted and every node drain "
-            "and consolidation blocks; set maxUnavailable: 1"
-        )
-    if ma is not None and str(ma).strip() == "100%":
-        report_violation(
-            "PodDisruptionBudget sets minAvailable 100%, so no pod can ever be evicted and every node drain "
-            "and consolidation blocks; use maxUnavailable: 1 instead"
         )
 
 
@@ -363,12 +341,6 @@ POLICIES = [
         description="Serving pods do not mount a Kubernetes API token.",
         enforcement_level=EnforcementLevel.MANDATORY,
         validate=serving_no_service_account_token,
-    ),
-    ResourceValidationPolicy(
-        name="kubernetes-pdb-allows-disruption",
-        description="PodDisruptionBudgets allow at least one eviction, so drains and consolidation can proceed.",
-        enforcement_level=EnforcementLevel.MANDATORY,
-        validate=pdb_allows_disruption,
     ),
     StackValidationPolicy(
         name="kubernetes-serving-namespace-default-deny",

@@ -6,6 +6,7 @@ Like `common.py`, every helper tolerates missing properties (the engine passes i
 
 from __future__ import annotations
 
+import fnmatch
 import re
 import shlex
 from collections.abc import Mapping
@@ -182,51 +183,26 @@ def ebpf_agent_programs(props: Mapping[str, Any]) -> set[str]:
     return set()
 
 
-# ---- secrets ---------------------------------------------------------------------------------
-
-_SECRET_NAME = re.compile(
-    r"(^|_)(TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|ACCESS_KEY|SECRET_KEY|PRIVATE_KEY|CREDENTIALS?)($|_)",
-    re.IGNORECASE,
-)
-_NOT_A_SECRET_NAME = re.compile(
-    r"(_(FILE|PATH|DIR|NAME|KEY_ID|URL|ENDPOINT|REF|ENABLED|DISABLED|TTL|TIMEOUT|EXPIRY|LIFETIME|LENGTH|SIZE|COUNT|LIMIT|TYPE)$)|(^|_)(DISABLE|ENABLE|USE|NO)_|(^|_)MAX_|(^|_)NUM_|(^|_)EXISTING_",
-    re.IGNORECASE,
-)
-SECRET_VALUE = re.compile(
-    r"(hf_[A-Za-z0-9]{30,}|AKIA[0-9A-Z]{16}|gh[pousr]_[A-Za-z0-9]{30,}|-----BEGIN [A-Z ]*PRIVATE KEY-----)"
-)
-"""Values that are credentials whatever their name: Hugging Face, AWS access key, GitHub tokens, PEM keys."""
-_BENIGN_VALUE = re.compile(r"^(0|1|true|false|yes|no|on|off|none|auto)$|^/|^\$\(|^\$\{", re.IGNORECASE)
-"""A flag, a file path (GOOGLE_APPLICATION_CREDENTIALS=/var/run/...), or a reference to another variable."""
-
-
-def camel_to_snake(name: str) -> str:
-    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", name).replace("-", "_").replace(".", "_").upper()
-
-
-def secret_name(name: str) -> bool:
-    """A variable/key name that holds a credential (not a flag about one, a path to one or its name)."""
-    n = camel_to_snake(name)
-    return bool(_SECRET_NAME.search(n)) and not _NOT_A_SECRET_NAME.search(n)
-
-
-def looks_secret(name: str, value: Any) -> bool:
-    """`name=value` carries a credential literally: a known credential value, or a secret name with a
-    value that is not a flag, a path or a reference."""
-    if not isinstance(value, str) or value == "":
-        return False
-    if SECRET_VALUE.search(value):
-        return True
-    return secret_name(name) and not _BENIGN_VALUE.match(value.strip())
-
-
 # ---- images ----------------------------------------------------------------------------------
 
 _DIGEST = re.compile(r"@sha256:[0-9a-f]{64}$")
 
 
+_EXACT_TAG = re.compile(
+    r"^(?:[A-Za-z][A-Za-z0-9]*[-_.]?)?v?[0-9]+\.[0-9]+\.[0-9]+(?:[-_.+][0-9A-Za-z][0-9A-Za-z._+-]*)?$"
+)
+"""A tag naming one release: a full three-part version, optionally with a prefix (`v`, `release-`,
+`r`) and a suffix (`-slim-bookworm`, `-rc.1`, `+build`). `1`, `3.11-slim`, `mainline`,
+`stable-alpine` and `latest` name a line of releases that moves under a re-pull."""
+
+
+def exact_tag(tag: str) -> bool:
+    return bool(_EXACT_TAG.match(tag))
+
+
 def image_problem(image: Any) -> Optional[str]:
-    """Why an image reference is not pinned, or None when it is (a non-`latest` tag or a digest)."""
+    """Why an image reference may change under a re-pull, or None when it names one release (an exact
+    version tag) or one manifest (an `@sha256:` digest)."""
     if image is None or image == "":
         return "has no image"
     if is_unknown(image):
@@ -240,11 +216,14 @@ def image_problem(image: Any) -> Optional[str]:
     tag = last.rsplit(":", 1)[1]
     if tag == "latest" or tag == "":
         return f"image '{image}' uses the 'latest' tag"
+    if not exact_tag(tag):
+        return f"image '{image}' has the tag '{tag}', which names a moving line of releases, not one release"
     return None
 
 
-MUTABLE_TAGS = frozenset({"latest", "main", "master", "nightly", "dev", "develop", "edge", "head", "canary", "stable", "rolling"})
-"""Tags that projects move on every build or release; a prod image must not use one."""
+def registry_allowed(registry: str, allowed: list[str]) -> bool:
+    """`registry` matches an entry exactly or as a glob (`*.dkr.ecr.*.amazonaws.com`)."""
+    return any(fnmatch.fnmatchcase(registry, a) for a in allowed)
 
 
 def image_registry(image: str) -> str:

@@ -28,10 +28,11 @@ encryptionConfig in an `apply` on the KMS key's ARN, which exists only after `up
 UNDECIDED_WHEN_BUILDING = {
     "kubernetes-workload-image-pinned",
     "kubernetes-workload-image-registry-allowed",
-    "kubernetes-workload-pod-security-restricted",
 }
 """Rules that read a container's image: a stack that builds its images references them by the digest
-their push reports, which a preview does not know (nothing is built or pushed in a preview)."""
+their push reports, which a preview does not know (nothing is built or pushed in a preview). The Pod
+Security rule reads an image only in a namespace without an enforce label (for `rootImages`), and the
+stack labels every namespace it creates."""
 
 
 def test_preview_renders_unknowns_where_a_fresh_stack_has_them():

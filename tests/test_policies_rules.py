@@ -22,6 +22,7 @@ TYPES = [
     common.PDB, common.NODEPOOL, common.EC2NODECLASS, common.HELM_RELEASE, common.HELM_CHART_V4,
     common.EKS_COMPONENT, common.EKS_CLUSTER, common.GKE_CLUSTER, common.GKE_NODEPOOL, common.SQS_QUEUE,
     common.KMS_KEY, common.EKS_NODEGROUP, common.LAUNCH_TEMPLATE, common.CONFIGMAP, common.NETWORK_POLICY,
+    common.SERVICE, common.NAMESPACE, common.PERSISTENT_VOLUME, common.PERSISTENT_VOLUME_CLAIM, common.SCALED_OBJECT,
 ]
 
 
@@ -240,7 +241,10 @@ def test_fp8_resolved_from_gke_accelerator_selector():
     [
         ("vllm/vllm-openai:v0.32.0", True),
         ("localhost:5000/vllm", False),
-        ("localhost:5000/vllm:1.0", True),
+        ("localhost:5000/vllm:1.0", False),
+        ("localhost:5000/vllm:1.0.2", True),
+        ("nvcr.io/nvidia/k8s-device-plugin:v0.19.3", True),
+        ("ghcr.io/acme/app:release-2.4.1", True),
         ("python:latest", False),
         ("python", False),
         ("busybox@sha256:" + "a" * 64, True),
@@ -299,7 +303,7 @@ def test_termination_grace_defaults_to_30s():
 @given(st.dictionaries(st.sampled_from("abcde"), st.sampled_from("xyz"), min_size=1), st.data())
 def test_selector_subset_matches(labels, data):
     subset = data.draw(st.dictionaries(st.sampled_from(sorted(labels)), st.sampled_from("xyz")))
-    expected = bool(subset) and all(labels[k] == v for k, v in subset.items())
+    expected = all(labels[k] == v for k, v in subset.items())  # {} selects every pod (policy/v1)
     assert selector_matches({"matchLabels": subset}, labels) == expected
 
 

@@ -21,6 +21,7 @@ Policy config is stack-aware the way the CLI's `--policy-pack-config` is: schema
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import sys
 from dataclasses import asdict, dataclass
@@ -43,6 +44,7 @@ from pulumi_policy.policy import _NotApplicableError
 from pulumi_policy.proxy import UNKNOWN_STRING_VALUE, UnknownValueError, unknown_checking_proxy
 
 from policies.pack import POLICIES
+from policies.secret_values import mark_paths
 from tools.offline import PROJECT, ROOT, ProgramRun, run_program, stack_config, without_engine_keys
 from tools.remote_components import engine_children
 
@@ -123,7 +125,8 @@ def policy_resources(run: ProgramRun) -> list[PolicyResource]:
             p = by_urn.get(r.provider.rsplit("::", 1)[0])
             if p is not None:
                 provider = PolicyProviderResource(p.type, without_engine_keys(p.raw_inputs), p.urn, p.name)
-        out[r.urn] = PolicyResource(r.type, without_engine_keys(r.raw_inputs), r.urn, r.name, _opts(r.parent), provider, None, [], {})
+        props = mark_paths(without_engine_keys(copy.deepcopy(r.raw_inputs)), r.secret_paths)
+        out[r.urn] = PolicyResource(r.type, props, r.urn, r.name, _opts(r.parent), provider, None, [], {})
     for r in registered:
         out[r.urn].parent = out.get(r.parent)
         out[r.urn].dependencies = [out[d] for d in r.dependencies if d in out]

@@ -53,8 +53,8 @@ PODS_LOG_DIR = "/var/log/pods"
 
 BASE_CAPABILITIES = ("BPF", "SYS_RESOURCE")
 CAPABILITY_ALLOW_LIST = ("BPF", "PERFMON", "NET_ADMIN", "SYS_RESOURCE", "SYS_PTRACE", "SYS_ADMIN")
-"""Every capability the agent may ever hold. The policy pack's default list is the same minus
-SYS_ADMIN, which only cudalat (off by default) needs: enabling it means widening that list too."""
+"""Every capability the agent may ever hold. The policy pack allows the same, SYS_ADMIN only while
+cudalat (off by default) is among the agent's programs (`ebpfAgentCapabilitiesByProgram`)."""
 
 CRITICAL_PRIORITY_CLASSES = ("system-node-critical", "system-cluster-critical")
 CRITICAL_PODS_QUOTA = "10000"

@@ -1,0 +1,110 @@
+"""PodDisruptionBudgets that allow no eviction, in any of the ways one can be written.
+
+A PDB that allows no disruption blocks every node drain, Karpenter consolidation and spot replacement
+(the Eviction API answers 429 forever). The engine hands numbers over as doubles (protobuf Struct),
+so `maxUnavailable: 0` arrives as `0.0`; every number here is normalised first.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal, InvalidOperation
+from typing import Any, Mapping, Optional
+
+from pulumi_policy import EnforcementLevel, PolicyResource, ReportViolation, StackValidationArgs, StackValidationPolicy
+
+from policies.common import DEPLOYMENT, PDB, REPLICASET, SCALED_OBJECT, STATEFULSET, as_map, dig, object_name, whole_number
+from policies.preview import Undecided
+from policies.scope import ClusterScope
+from policies.serving_rules import selector_matches
+from policies.workloads import namespace_of, template_labels
+
+REPLICATED = (DEPLOYMENT, STATEFULSET, REPLICASET)
+
+
+def int_or_percent(value: Any) -> Optional[tuple[str, Decimal]]:
+    """An IntOrString as ("int", n) or ("percent", p): `0`, `0.0`, `"0"`, `"0%"` and `"0.0%"` all
+    read as zero (the analyzer's doubles; a quoted number is how some charts write it)."""
+    if value is None or isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return ("int", Decimal(str(value)))
+    text = str(value).strip()
+    kind = "percent" if text.endswith("%") else "int"
+    try:
+        return kind, Decimal(text.rstrip("%").strip())
+    except InvalidOperation:
+        return None
+
+
+def workload_replicas(w: PolicyResource, scaled: Mapping[tuple[str, str], Any]) -> Optional[int]:
+    """The fewest pods a workload runs: KEDA's minReplicaCount when a ScaledObject targets it (KEDA's
+    default is 0), else spec.replicas (the API default is 1)."""
+    key = (namespace_of(w.props), object_name(w.props, w.name))
+    if key in scaled and w.resource_type == DEPLOYMENT:
+        return whole_number(scaled[key]) if scaled[key] is not None else 0
+    replicas = dig(w.props, "spec", "replicas")
+    return 1 if replicas is None else whole_number(replicas)
+
+
+def _scaled_objects(resources: list[PolicyResource]) -> dict[tuple[str, str], Any]:
+    out = {}
+    for r in resources:
+        if r.resource_type == SCALED_OBJECT:
+            target = as_map(dig(r.props, "spec", "scaleTargetRef"))
+            if str(target.get("kind") or "Deployment") == "Deployment" and target.get("name"):
+                out[(namespace_of(r.props), str(target["name"]))] = dig(r.props, "spec", "minReplicaCount")
+    return out
+
+
+def blocking_reason(pdb: PolicyResource, resources: list[PolicyResource], scope: ClusterScope) -> Optional[str]:
+    spec = as_map(pdb.props.get("spec"))
+    mu, ma = int_or_percent(spec.get("maxUnavailable")), int_or_percent(spec.get("minAvailable"))
+    if mu is not None and mu[1] <= 0:
+        return f"sets maxUnavailable {spec.get('maxUnavailable')!r}, which is zero"
+    if ma is None:
+        return None
+    if ma[0] == "percent":
+        return f"sets minAvailable {spec.get('minAvailable')!r}, every pod" if ma[1] >= 100 else None
+    selector = spec.get("selector")
+    if selector is None:
+        return None  # a null selector selects no pods (k8s.io/api policy/v1 types.go)
+    scaled = _scaled_objects(resources)
+    ns = namespace_of(pdb.props)
+    selected = [w for w in resources if w.resource_type in REPLICATED and scope.same(pdb, w)
+                and namespace_of(w.props) == ns and selector_matches(as_map(selector), template_labels(w.resource_type, w.props))]
+    counts = [workload_replicas(w, scaled) for w in selected]
+    if not selected or any(c is None for c in counts):
+        return None
+    total = sum(c for c in counts if c is not None)
+    if total > 0 and ma[1] >= total:
+        names = ", ".join(f"'{object_name(w.props, w.name)}'" for w in selected)
+        return f"sets minAvailable {spec.get('minAvailable')!r} while the pods it selects ({names}) can be as few as {total}"
+    return None
+
+
+def pdb_allows_disruption(args: StackValidationArgs, report_violation: ReportViolation) -> None:
+    scope = ClusterScope(args.resources)
+    resources = list(args.resources)
+    undecided = Undecided()
+    for pdb in resources:
+        if pdb.resource_type != PDB:
+            continue
+        with undecided.part(f"PodDisruptionBudget {pdb.name}"):
+            reason = blocking_reason(pdb, resources, scope)
+            if reason:
+                report_violation(
+                    f"PodDisruptionBudget '{object_name(pdb.props, pdb.name)}' {reason}, so no pod can ever be "
+                    f"evicted and every node drain, consolidation and spot replacement blocks; set maxUnavailable: 1",
+                    pdb.urn,
+                )
+    undecided.settle()
+
+
+POLICIES = [
+    StackValidationPolicy(
+        name="kubernetes-pdb-allows-disruption",
+        description="No PodDisruptionBudget forbids every eviction (maxUnavailable 0, minAvailable 100% or at the replica count).",
+        enforcement_level=EnforcementLevel.MANDATORY,
+        validate=pdb_allows_disruption,
+    ),
+]
