@@ -70,6 +70,7 @@ class StackConfig(Base):
         errors += _interruption_queue(self)
         errors += _aws_ami_pinned(self)
         errors += _ebpf_agent_ports(self)
+        errors += _router_affinity(self)
         if not errors:
             errors += _placements(self)
         if errors:
@@ -84,6 +85,12 @@ def _dupes(names: list[str]) -> list[str]:
             dup.append(n)
         seen.add(n)
     return dup
+
+
+def _router_affinity(s: StackConfig) -> list[str]:
+    names = sorted(m.name for m in s.models)
+    return [f"router.affinity.{k}: no model entry named '{k}'; allowed: {', '.join(names) or 'none'}"
+            for k in s.router.affinity if k not in names]
 
 
 def _duplicate_names(s: StackConfig) -> list[str]:

@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any, Optional
 
 from components.platform.cluster_handle import CAPACITY_LABEL, POOL_LABEL, GpuPoolInfo, node_selector_term
-from components.serving.config import ModelConfig, Placement, spot_drain_budget_s
+from components.serving.config import ModelConfig, Placement, agent_port, spot_drain_budget_s
 from components.serving.vllm_args import VLLM_COMMAND, vllm_args
 
 RUNTIME_DIR = Path(__file__).resolve().parents[2] / "runtime"
-RUNTIME_FILES = ("drain.py", "deadline_http.py", "disruption.py", "prewarm.py")
+RUNTIME_FILES = ("drain.py", "deadline_http.py", "disruption.py", "prewarm.py", "agent_check.py")
 
 PYTHON_IMAGE = "python:3.11.17-slim-bookworm"
 """Stock image the drain sidecar and the pre-warm initContainer run in (stdlib only)."""
@@ -307,10 +307,13 @@ def drain_sidecar(m: ModelConfig) -> dict[str, Any]:
         "imagePullPolicy": "IfNotPresent",
         "restartPolicy": "Always",
         "command": ["python3", f"{RUNTIME_MOUNT}/drain.py", "watch"],
-        "ports": [{"name": DRAIN_PORT_NAME, "containerPort": port, "protocol": "TCP"}],
+        "ports": [{"name": DRAIN_PORT_NAME, "containerPort": port, "protocol": "TCP"},
+                  {"name": "agent", "containerPort": agent_port(m), "protocol": "TCP"}],
         "env": _drain_env(m)
         + [
             {"name": "READY_PORT", "value": str(port)},
+            {"name": "AGENT_PORT", "value": str(agent_port(m))},
+            {"name": "AGENT_MAX_NUM_SEQS", "value": str(m.engine.max_num_seqs)},
             _field("POD_NAME", "metadata.name"),
             _field("POD_NAMESPACE", "metadata.namespace"),
             _field("NODE_NAME", "spec.nodeName"),
