@@ -241,9 +241,13 @@ def reconcile(api: RuntimeApi, b: BackendSpec, want: dict[str, Want], removing: 
     the agent set (the pod's own) is never undone and a returning endpoint is restored."""
     cur = have(api, b.name)
     step = Step([], [], [], [], 0)
+    taken = {h.id for h in cur.values()}
     for name, w in want.items():
         h = cur.get(name)
         if h is None:
+            while w.id in taken:  # a departing server still holds this id (a crc32 collision)
+                w = Want(w.name, w.id + 1, w.address, w.port, w.local)
+            taken.add(w.id)
             check(api(add_command(b, w, agent_inter_ms)), "add server", ("New server registered",))
             api(f"enable health {b.name}/{name}")
             api(f"enable agent {b.name}/{name}")

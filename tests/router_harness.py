@@ -191,10 +191,14 @@ def haproxy_check(conf: Path) -> subprocess.CompletedProcess:
 
 
 def start_router(tmp: Path, routes: list[Route], slices: list[dict[str, Any]], replicas: list[Replica],
-                 node: str = NODE, caps: Optional[dict[str, int]] = None, name: str = "r", **kw: Any) -> Router:
+                 node: str = NODE, caps: Optional[dict[str, int]] = None, name: str = "r",
+                 agent_inter_ms: int = AGENT_INTER_MS, patch: Optional[Any] = None, **kw: Any) -> Router:
+    """`patch`: a function applied to the rendered haproxy.cfg text (the benchmark's baselines)."""
     d = tmp / name
     d.mkdir(exist_ok=True)
     conf, s = render(d, routes, **kw)
+    if patch is not None:
+        conf.write_text(patch(conf.read_text()))
     check = haproxy_check(conf)
     assert check.returncode == 0, check.stderr
     log = open(d / "haproxy.log", "w")
@@ -204,14 +208,14 @@ def start_router(tmp: Path, routes: list[Route], slices: list[dict[str, Any]], r
     settings = haproxy_ctl.Settings(namespace="t", node_name=node, routes_path="", socket=s.socket_path,
                                     metrics_addr="127.0.0.1", metrics_port=0, api_host=None, sync_s=0.1,
                                     watch_timeout_s=5, retry_s=0.2)
-    table = haproxy_ctl.Routes(backend_specs(routes, caps or {}, {}), AGENT_INTER_MS, 5.0, s.caps_map_path)
+    table = haproxy_ctl.Routes(backend_specs(routes, caps or {}, {}), agent_inter_ms, 5.0, s.caps_map_path)
     agent_ports = {r.name: r.agent_port for r in replicas}
     state, metrics = haproxy_ctl.SliceState(), haproxy_ctl.Metrics()
     ctl = haproxy_ctl.Controller(settings, table, PerServerAgentApi(s.socket_path, agent_ports), state, metrics)
     router = Router(d, s.port, s.metrics_port, proc, ctl, state, agent_ports)
     threading.Thread(target=ctl.run, args=(router.stop,), daemon=True).start()
     router.publish(slices)
-    time.sleep(2 * AGENT_INTER_MS / 1000)  # the first agent replies
+    time.sleep(2 * agent_inter_ms / 1000)  # the first agent replies
     return router
 
 

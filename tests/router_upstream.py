@@ -12,7 +12,8 @@
 - `/metrics` reports vLLM's `num_requests_running`/`num_requests_waiting`/`kv_cache_usage_perc`,
   `/node-metrics` the node eBPF agent's counters, and with `--agent-port` the real agent-check
   responder (runtime/agent_check.py) answers HAProxy from them; `POST /control` sets
-  `{"drain": true}` (the pod's drain flag) or `{"pressure": true}` (node backpressure).
+  `{"drain": true}` (the pod's drain flag), `{"pressure": true}` (node backpressure) or
+  `{"saturated": true}` (a waiting request: a full batch).
 
 Each request it receives is appended to `--journal` (one JSON line: name, request id, outcome), so a
 test can prove where a request went and that it was never replayed.
@@ -51,13 +52,14 @@ def main() -> None:
     ap.add_argument("--first-delay", type=float, default=0.0)
     a = ap.parse_args()
 
-    state = {"draining": False, "inflight": 0, "agent_drain": False, "pressure": False, "failed": 0, "samples": 0, "bp": 0}
+    state = {"draining": False, "inflight": 0, "agent_drain": False, "pressure": False, "failed": 0, "samples": 0, "bp": 0,
+             "saturated": False}
     lock = threading.Lock()
     jlock = threading.Lock()
 
     def journal(rec: dict) -> None:
         with jlock, open(a.journal, "a") as f:
-            f.write(json.dumps({"name": a.name, **rec}) + "\n")
+            f.write(json.dumps({"name": a.name, "t": time.time(), **rec}) + "\n")
 
     class H(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -91,7 +93,7 @@ def main() -> None:
             if self.path == "/metrics":
                 with lock:
                     running = state["inflight"]
-                waiting = 1 if a.mode == "503" else 0
+                    waiting = 1 if a.mode == "503" or state["saturated"] else 0
                 return self._text(f"vllm:num_requests_running{{model_name=\"tiny\"}} {running}\n"
                                   f"vllm:num_requests_waiting{{model_name=\"tiny\"}} {waiting}\n"
                                   f"vllm:kv_cache_usage_perc{{model_name=\"tiny\"}} 0.0\n")
@@ -113,6 +115,7 @@ def main() -> None:
                 with lock:
                     state["agent_drain"] = bool(req.get("drain", state["agent_drain"]))
                     state["pressure"] = bool(req.get("pressure", state["pressure"]))
+                    state["saturated"] = bool(req.get("saturated", state["saturated"]))
                 return self._json(200, {})
             rid = req.get("user", "")
             tokens = int(req.get("max_tokens") or a.tokens)

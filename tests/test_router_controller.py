@@ -216,3 +216,58 @@ def test_controller_exits_within_a_second_of_sigterm_with_a_watch_open(tmp_path:
             proc.kill()
             proc.wait()
         api.srv.shutdown()
+
+
+class ScriptedApi:
+    """The runtime API as a table of servers (name -> id, admin, sessions), recording commands."""
+
+    HEADER = ("1\n# be_id be_name srv_id srv_name srv_addr srv_op_state srv_admin_state srv_uweight srv_iweight "
+              "srv_time_since_last_change srv_check_status srv_check_result srv_check_health srv_check_state "
+              "srv_agent_state bk_f_forced_id srv_f_forced_id srv_fqdn srv_port\n")
+
+    def __init__(self, servers: dict[str, list]) -> None:
+        self.servers, self.log = servers, []
+
+    def __call__(self, cmd: str) -> str:
+        self.log.append(cmd)
+        if cmd.startswith("show servers state"):
+            return self.HEADER + "".join(f"4 m {i} {n} 10.0.0.1 2 {adm} 100 100 0 1 0 1 6 22 0 1 - 8000\n"
+                                         for n, (i, adm, _) in self.servers.items())
+        if cmd == "show stat":
+            return "# pxname,svname,scur,slim\n" + "".join(f"llama-70b,{n},{ses},128\n" for n, (_, _, ses) in self.servers.items())
+        if cmd.startswith("add server"):
+            name, sid = cmd.split()[2].split("/")[1], int(cmd.split(" id ")[1].split()[0])
+            self.servers[name] = [sid, 0, 0]
+            return "New server registered.\n"
+        if cmd.startswith("set server") and cmd.endswith("state drain"):
+            self.servers[cmd.split()[2].split("/")[1]][1] = 8
+        if cmd.startswith("del server"):
+            self.servers.pop(cmd.split()[2].split("/")[1])
+            return "Server deleted.\n"
+        return "\n"
+
+
+def test_removal_waits_for_the_streams_then_drain_maint_delete_in_order():
+    api = ScriptedApi({"old": [7, 0, 2]})
+    removing: dict[str, float] = {}
+    want = {"new": hx.Want("new", 7, "10.0.0.1", 8000, True)}  # the same id as the departing server
+    step = hx.reconcile(api, PRIMARY, want, removing, 0.0, 30, 500)
+    assert step.added == ["new"] and step.drained == ["old"]
+    assert " id 8 " in next(c for c in api.log if c.startswith("add server")), "a taken id is not reused"
+    api.log.clear()
+    hx.reconcile(api, PRIMARY, want, removing, 10.0, 30, 500)
+    assert not [c for c in api.log if c.startswith(("del", "disable", "set server"))], "2 streams still open"
+    api.servers["old"][2] = 0
+    step = hx.reconcile(api, PRIMARY, want, removing, 11.0, 30, 500)
+    acts = [c.split()[0] + " " + c.split()[1] + (" " + c.split()[-1] if c.startswith("set") else "")
+            for c in api.log if c.startswith(("disable", "set server", "del"))]
+    assert acts == ["disable agent", "set server maint", "del server"], acts
+    assert step.deleted == ["old"] and removing == {}
+    assert not [c for c in api.log if "shutdown sessions" in c]
+
+
+def test_removal_past_the_longest_request_ends_what_is_left():
+    api = ScriptedApi({"old": [7, 8, 1]})
+    removing = {"old": 0.0}
+    hx.reconcile(api, PRIMARY, {}, removing, 31.0, 30, 500)
+    assert "shutdown sessions server llama-70b/old" in api.log and "old" not in api.servers

@@ -197,6 +197,8 @@ def test_endpoint_churn_under_100_open_streams_cuts_nothing(tmp_path: Path, clea
     time.sleep(1.0)
     r.publish(slices_for({"m": [b, c]}))
     assert r.servers("m")["a"].admin & 0x08, "a is drained, not deleted, while its streams run"
+    time.sleep(3 * AGENT_S)
+    assert r.servers("m")["a"].admin & 0x08, "a's own agent (still `up`) does not undo the router's drain"
     r.publish(slices_for({"m": [b, c, d]}))
     r.publish(slices_for({"m": [b, d]}))
     new = [complete(r.url, "m", f"new{i}", 3) for i in range(5)]

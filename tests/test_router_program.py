@@ -113,7 +113,7 @@ def test_prod_routes_caps_and_retries(prod_run):
     assert caps == {"llama-70b": 128, "llama-70b-economy": 32, "ovf-llama-70b": 32}, "maxconn = each entry's max_num_seqs"
     feeds = {b["name"]: b["service"] for b in routes["backends"]}
     assert feeds["ovf-llama-70b"] == "llama-70b-economy"
-    assert "use_backend ovf-llama-70b if { var(txn.route) -m str llama-70b } !{ nbsrv(llama-70b) gt 0 }" in conf
+    assert "use_backend ovf-llama-70b if { var(txn.route) -m str llama-70b } { be_conn_free(llama-70b) eq 0 }" in conf
     assert "retry-on conn-failure empty-response junk-response 500 502 503" in conf
     assert "response-timeout" not in conf, "a slow prefill is never resent"
     assert "retries 1" in conf and "timeout server 90s" in conf and "hard-stop-after 95s" in conf

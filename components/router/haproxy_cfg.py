@@ -8,10 +8,10 @@ configuration manual and behaves the same in Debian's 2.6.12 (the tests run it) 
 official image (2.6.34); docs/serving.md lists each one.
 
 Routing, decided in the frontend before a backend is chosen (retries never cross backends):
-- a primary's own backend unless every one of its replicas reports saturation or drain through
-  the agent check (`nbsrv` counts only servers with a non-zero weight that are not in DRAIN or
-  MAINT), or this router fills every usable slot (`be_conn_free`: free `maxconn` slots of the
-  usable servers), or has the backend's capacity in flight (`be_conn` against the controller's
+- a primary's own backend unless no usable server has a free slot (`be_conn_free` sums the free
+  `maxconn` slots of the servers that take new requests: a server the agent set to weight 0
+  (saturated) or DRAIN, or that is DOWN or in MAINT, counts for nothing; 2.6 src/backend.c
+  smp_fetch_be_conn_free), or this router has the backend's capacity in flight (`be_conn` against the controller's
   capacity map: `be_conn` counts a request as soon as it is assigned to the backend, so two
   threads deciding at once cannot both take the last slot and queue);
 - otherwise the economy backend (`ovf-<model>`: the economy entry's replicas, so its requests are
@@ -112,8 +112,8 @@ def frontend_rules(routes: list[Route], s: Settings) -> list[str]:
     for r in routes:
         if r.economy:
             on = f"{{ var(txn.route) -m str {r.model} }}"
-            lines.append(f"    use_backend {r.overflow_backend} if {on} !{{ nbsrv({r.model}) gt 0 }} || "
-                         f"{on} {{ be_conn_free({r.model}) eq 0 }} || {on} {{ be_conn({r.model}),sub(txn.cap) ge 0 }}")
+            lines.append(f"    use_backend {r.overflow_backend} if {on} {{ be_conn_free({r.model}) eq 0 }} || "
+                         f"{on} {{ be_conn({r.model}),sub(txn.cap) ge 0 }}")
     lines += [f"    use_backend {r.model} if {{ var(txn.route) -m str {r.model} }}" for r in routes]
     return lines
 
