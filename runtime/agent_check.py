@@ -206,10 +206,13 @@ class Poller:
     def run(self, stop: threading.Event) -> None:
         next_node = 0.0
         while not stop.is_set():
-            self.poll_vllm()
-            if self.node_url and self.clock() >= next_node:
-                self.poll_node()
-                next_node = self.clock() + self.node_interval_s
+            try:
+                self.poll_vllm()
+                if self.node_url and self.clock() >= next_node:
+                    next_node = self.clock() + self.node_interval_s
+                    self.poll_node()
+            except Exception as e:  # noqa: BLE001 - a parser bug must not stop the poller (the data goes stale: weight 0)
+                log.warning("agent poll: %r", e)
             stop.wait(self.interval_s)
 
 

@@ -205,6 +205,9 @@ def start_router(tmp: Path, routes: list[Route], slices: list[dict[str, Any]], r
     proc = subprocess.Popen([HAPROXY, "-f", str(conf), "-db"], stdout=log, stderr=subprocess.STDOUT)
     log.close()
     wait_port(s.port)
+    end = time.monotonic() + 10
+    while not os.path.exists(s.socket_path) and time.monotonic() < end:
+        time.sleep(0.02)
     settings = haproxy_ctl.Settings(namespace="t", node_name=node, routes_path="", socket=s.socket_path,
                                     metrics_addr="127.0.0.1", metrics_port=0, api_host=None, sync_s=0.1,
                                     watch_timeout_s=5, retry_s=0.2)

@@ -190,3 +190,24 @@ def test_bad_router_config_fails_before_any_resource(case_id, stack, mutate, fra
     mutate(cfg)
     run = run_program(stack, cfg, raise_errors=False)
     assert_config_error(run, case_id, fragments)
+
+
+def test_every_routed_replica_answers_the_agent_port_the_router_asks(prod_run):
+    """The seam between the two domains: the controller adds each server with `agent-port` from
+    routes.json; the replica's drain sidecar listens there (AGENT_PORT) with its own batch size."""
+    routes = json.loads(_rendered_files(prod_run, "prod-use1-llm-router")["routes.json"])
+    ports = {b["service"]: (b["agent_port"], b["maxconn"]) for b in routes["backends"]}
+    seen = set()
+    for r in prod_run.kubernetes_objects():
+        m = manifest(r)
+        if m.get("kind") != "Deployment":
+            continue
+        model = m["spec"]["template"]["metadata"]["labels"].get("gpuinfra.io/model")
+        if model not in ports:
+            continue
+        (side,) = [c for c in m["spec"]["template"]["spec"]["initContainers"] if c["name"] == "spot-drain"]
+        env = {e["name"]: e.get("value") for e in side["env"]}
+        assert (int(env["AGENT_PORT"]), int(env["AGENT_MAX_NUM_SEQS"])) == ports[model], r.name
+        assert {"name": "agent", "containerPort": ports[model][0], "protocol": "TCP"} in side["ports"]
+        seen.add(model)
+    assert seen == set(ports), seen
