@@ -6,7 +6,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STACK ?= dev
-APT_PACKAGES := $(shell grep -hv '^\s*\#' bpf/apt-packages.txt tests/e2e/apt-packages.txt components/router/apt-packages.txt 2>/dev/null)
+APT_PACKAGES := $(shell grep -hv '^\s*\#' bpf/apt-packages.txt tests/e2e/apt-packages.txt components/router/apt-packages.txt tests/containers/apt-packages.txt 2>/dev/null)
 # The e2e tier's own venv (tests/e2e/): vLLM's CPU build, kept apart from the Pulumi venv.
 E2E_VENV := .venv-e2e
 E2E_SKIP := .venv-e2e.skip
@@ -14,7 +14,7 @@ TORCH_CPU_WHEELS ?= /opt/wheels
 
 POLICY_VENV := .policy-venv
 
-.PHONY: render test deps apt-deps e2e-deps bench policy-check policy-venv golden clean
+.PHONY: render test deps apt-deps e2e-deps consumer-ts-deps bench policy-check policy-venv golden contract-schema clean
 .DELETE_ON_ERROR:
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt constraints.txt
@@ -50,6 +50,16 @@ $(E2E_VENV)/.installed: requirements-e2e.txt
 
 e2e-deps: $(E2E_VENV)/.installed
 
+# The TypeScript consumer example's node_modules, from its package-lock.json
+# (tests/test_contract_consumer_ts.py). Without npm it says so and the test skips with the reason.
+TS_EXAMPLE := examples/consumer-ts
+$(TS_EXAMPLE)/node_modules/.installed: $(TS_EXAMPLE)/package.json $(TS_EXAMPLE)/package-lock.json
+	@if command -v npm >/dev/null; then \
+	  cd $(TS_EXAMPLE) && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error && touch node_modules/.installed; \
+	else echo "consumer-ts-deps: npm not found; the TypeScript consumer test will be skipped" >&2; fi
+
+consumer-ts-deps: $(TS_EXAMPLE)/node_modules/.installed
+
 # The eBPF toolchain for the kernel tests (root only; the tests skip with a reason without it).
 apt-deps:
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && [ -n "$(APT_PACKAGES)" ]; then \
@@ -64,13 +74,17 @@ render: deps
 	$(PY) -m tools.render $(STACK)
 
 # pytest exits 5 when it collects no tests: say so loudly instead of failing obscurely.
-test: deps apt-deps policy-venv e2e-deps
+test: deps apt-deps policy-venv e2e-deps consumer-ts-deps
 	@$(PY) -m pytest; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 0; fi; exit $$rc
 
 # Regenerate tests/golden/<stack>.json after an intended change to what a stack renders.
 golden: deps
 	$(PY) -m tools.golden --write
+
+# Regenerate gpuinfra_contract/schema/contract-<CONTRACT_VERSION>.json after a change to the contract model.
+contract-schema: deps
+	$(PY) -m tools.contract_schema --write
 
 # PREVIEW=1 checks the stack as a first `pulumi preview` sees it (computed outputs unknown).
 policy-check: deps
@@ -82,4 +96,4 @@ bench: deps apt-deps e2e-deps
 	$(PY) bench/e2e_vllm_agent_bench.py
 
 clean:
-	rm -rf out bpf/build .pytest_cache $(POLICY_VENV) $(E2E_SKIP)
+	rm -rf out bpf/build .pytest_cache $(POLICY_VENV) $(E2E_SKIP) $(TS_EXAMPLE)/bin

@@ -21,6 +21,7 @@ from components.catalog import load_catalog
 from components.config_types import Base, Environment, allowed
 from components.existing.config import ExistingCluster, ExistingGpuPool
 from components.gcp.config import GcpCluster, GcpGpuPool
+from components.images.config import ImagesConfig
 from components.node_pools import effective_reserved_cpus, pool_topology_policy
 from components.platform.config import Namespaces, ObservabilityConfig
 from components.router.config import RouterConfig
@@ -44,6 +45,9 @@ class StackConfig(Base):
     observability: ObservabilityConfig = ObservabilityConfig()
     router: RouterConfig = RouterConfig()
     """The router in front of the replicas (primary -> economy overflow, same node first)."""
+    images: ImagesConfig = ImagesConfig()
+    """Where the project's images (eBPF agent, runtime) come from: built and pushed by the stack, or
+    prebuilt by digest (docs/images.md)."""
 
     @cached_property
     def _cluster_index(self) -> dict[str, tuple[int, Any]]:
@@ -71,6 +75,7 @@ class StackConfig(Base):
         errors += _aws_ami_pinned(self)
         errors += _ebpf_agent_ports(self)
         errors += _router_affinity(self)
+        errors += _image_registry(self)
         if not errors:
             errors += _placements(self)
         if errors:
@@ -150,6 +155,25 @@ def _aws_ami_pinned(s: StackConfig) -> list[str]:
         for i, c in enumerate(s.clusters)
         if isinstance(c, AwsCluster) and c.karpenter.ami_alias.endswith("@latest")
     ]
+
+
+def _image_registry(s: StackConfig) -> list[str]:
+    """`build` pushes to the stack's own ECR/Artifact Registry on EKS/GKE; an existing cluster has
+    none, so the stack needs one configured."""
+    im = s.images
+    existing = [c.name for c in s.clusters if isinstance(c, ExistingCluster)]
+    if im.source == "build" and existing and im.registry is None:
+        return [
+            f"images.registry: images.source is 'build' and clusters {existing} are existing clusters, which get "
+            f"no registry from the stack; allowed: a registry path the nodes can pull from (e.g. "
+            f"ghcr.io/acme/gpuinfra), or images.source: prebuilt with images.prebuilt by digest"
+        ]
+    if im.registry is not None and not existing:
+        return [
+            "images.registry: set, but every cluster is EKS or GKE, which push to the registry the stack "
+            "creates (ECR, Artifact Registry); allowed: remove images.registry"
+        ]
+    return []
 
 
 def _ebpf_agent_ports(s: StackConfig) -> list[str]:

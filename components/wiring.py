@@ -25,6 +25,13 @@ from components.gcp.cluster import GcpGpuCluster, GcpGpuClusterArgs
 from components.serving.vllm_serving import VllmServing, VllmServingArgs
 from components.router.router import Router, RouterArgs
 from components.router.config import router_enabled
+from components.aws.registry import EcrRegistry, EcrRegistryArgs
+from components.gcp.registry import ArtifactRegistry, ArtifactRegistryArgs
+from components.gcp.specs import gcp_labels
+from components.images.images import ProjectImages, ProjectImagesArgs
+from components.images.specs import SOURCES
+from components.platform.registry import ImageRegistry
+from components.pod_security import namespace_pod_security
 
 
 def platform_labels(cfg: StackConfig) -> dict[str, str]:
@@ -39,6 +46,7 @@ class ClusterLayers:
     agent: EbpfAgent | None
     serving: dict[str, VllmServing] = field(default_factory=dict)
     router: Router | None = None
+    images: ProjectImages | None = None
 
 
 def build_cluster(loaded: LoadedConfig, c: Any) -> ClusterHandle:
@@ -54,13 +62,34 @@ def build_cluster(loaded: LoadedConfig, c: Any) -> ClusterHandle:
     raise TypeError(f"unsupported cluster config {type(c).__name__}")
 
 
-def build_layers(loaded: LoadedConfig, handle: ClusterHandle) -> ClusterLayers:
+def build_registry(loaded: LoadedConfig, c: Any, handle: ClusterHandle) -> ImageRegistry | None:
+    """Where this cluster's images are pushed: the stack's own ECR/Artifact Registry, the configured
+    registry for an existing cluster, none when the images are prebuilt."""
+    cfg = loaded.stack
+    if cfg.images.source == "prebuilt":
+        return None
+    if isinstance(c, AwsCluster):
+        args = EcrRegistryArgs(cluster=c.name, aws_provider=handle.extras["aws_provider"])
+        return EcrRegistry(f"{c.name}-registry", args).registry
+    if isinstance(c, GcpCluster):
+        args = ArtifactRegistryArgs(cluster=c.name, project=c.project, region=c.region, labels=gcp_labels(cfg.tags))
+        return ArtifactRegistry(f"{c.name}-registry", args).registry
+    assert cfg.images.registry is not None  # StackConfig's images.registry rule
+    return ImageRegistry(repositories={s.role: f"{cfg.images.registry}/{s.repository}" for s in SOURCES})
+
+
+def build_layers(
+    loaded: LoadedConfig, handle: ClusterHandle, registry: ImageRegistry | None, pod_security: dict[str, dict[str, str]]
+) -> ClusterLayers:
     cfg = loaded.stack
     labels = platform_labels(cfg)
+    images = ProjectImages(f"{handle.name}-images", ProjectImagesArgs(config=cfg.images, registry=registry))
     on_cluster = pulumi.ResourceOptions(provider=handle.provider, depends_on=handle.ready_after)
     addons = PlatformAddons(
         f"{handle.name}-addons",
-        PlatformAddonsArgs(namespaces=cfg.namespaces, observability=cfg.observability, labels=labels),
+        PlatformAddonsArgs(
+            namespaces=cfg.namespaces, observability=cfg.observability, labels=labels, namespace_labels=pod_security
+        ),
         opts=on_cluster,
     )
     after_addons = pulumi.ResourceOptions(provider=handle.provider, depends_on=[addons])
@@ -76,10 +105,11 @@ def build_layers(loaded: LoadedConfig, handle: ClusterHandle) -> ClusterLayers:
                 observability=cfg.observability,
                 labels=labels,
                 client_namespaces=(cfg.namespaces.serving,),
+                image=images.refs["agent"],
             ),
             opts=after_addons,
         )
-    layers = ClusterLayers(handle=handle, addons=addons, agent=agent)
+    layers = ClusterLayers(handle=handle, addons=addons, agent=agent, images=images)
     for model, placement in cfg.placements_on(handle.name):
         layers.serving[model.name] = VllmServing(
             f"{handle.name}-{model.name}",
@@ -93,6 +123,7 @@ def build_layers(loaded: LoadedConfig, handle: ClusterHandle) -> ClusterLayers:
                 hf_token=loaded.hf_token,
                 observability=cfg.observability,
                 labels=labels,
+                runtime_image=images.refs["runtime"],
             ),
             opts=after_addons,
         )
@@ -107,6 +138,7 @@ def build_layers(loaded: LoadedConfig, handle: ClusterHandle) -> ClusterLayers:
                 gpu_pools=list(handle.gpu_pools.values()),
                 observability=cfg.observability,
                 labels=labels,
+                runtime_image=images.refs["runtime"],
             ),
             opts=pulumi.ResourceOptions(provider=handle.provider, depends_on=[addons, *layers.serving.values()]),
         )
@@ -114,4 +146,9 @@ def build_layers(loaded: LoadedConfig, handle: ClusterHandle) -> ClusterLayers:
 
 
 def build_platform(loaded: LoadedConfig) -> dict[str, ClusterLayers]:
-    return {c.name: build_layers(loaded, build_cluster(loaded, c)) for c in loaded.stack.clusters}
+    out = {}
+    for c in loaded.stack.clusters:
+        handle = build_cluster(loaded, c)
+        pod_security = namespace_pod_security(loaded.stack, c)
+        out[c.name] = build_layers(loaded, handle, build_registry(loaded, c, handle), pod_security)
+    return out

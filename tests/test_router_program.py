@@ -15,6 +15,7 @@ import kubernetes_validate
 import pytest
 
 from components.router import monitoring
+from components.router.config import HAPROXY_IMAGE
 from runtime import haproxy_ctl
 from tests.router_harness import HAPROXY, free_port, needs_haproxy, wait_port
 from tests.support import SCHEMA_VERSION, assert_config_error, manifest, validate_core_objects
@@ -66,7 +67,8 @@ def test_router_objects_validate_and_are_restricted(prod_run):
         assert sc["runAsUser"] == 99, c["name"]  # the official image's haproxy user, shared by the controller
         assert "hostPort" not in json.dumps(c["ports"]), c["name"]
     hap = next(c for c in pod["containers"] if c["name"] == "haproxy")
-    assert hap["image"].startswith("haproxy:2.6.") and "@sha256:" in hap["image"] and hap["readinessProbe"]
+    assert hap["image"] == HAPROXY_IMAGE and "haproxy:2.6." in hap["image"] and "@sha256:" in hap["image"]
+    assert hap["readinessProbe"] and hap["livenessProbe"]
     assert hap["resources"]["limits"]["memory"] == hap["resources"]["requests"]["memory"]
     # Threads bounded by the container's own CPU limit, memory by its own limit.
     conf = _rendered_files(prod_run, "prod-use1-llm-router")["haproxy.cfg"]
@@ -118,6 +120,7 @@ def test_prod_routes_caps_and_retries(prod_run):
     assert "response-timeout" not in conf, "a slow prefill is never resent"
     assert "retries 1" in conf and "timeout server 90s" in conf and "hard-stop-after 95s" in conf
     assert files["caps.map"] == "llama-70b 0\nllama-70b-economy 0\n"
+    assert not [k for k in files if k.endswith(".py")], "the controller's code comes from the runtime image, not the ConfigMap"
 
 
 @needs_haproxy

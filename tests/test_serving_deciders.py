@@ -29,13 +29,14 @@ from components.serving.objects import (
     tier_service_spec,
 )
 from components.serving.pod_spec import (
-    PYTHON_IMAGE,
+    HOOK_DIR,
+    HOOK_FILES,
+    IMAGE_RUNTIME_DIR,
     dns_label,
     drain_sidecar,
     node_affinity,
     pod_spec,
     prewarm_budget_bytes,
-    runtime_files,
     served_slug,
     spot_drain_budget,
     ENGINE_INIT_S,
@@ -65,12 +66,33 @@ def model(**kw) -> ModelConfig:
     return ModelConfig.model_validate(base)
 
 
-def test_python_image_is_pinned():
-    assert re.fullmatch(r"python:3\.11\.\d+-slim-bookworm", PYTHON_IMAGE)
+RUNTIME_IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/gpuinfra/c/runtime@sha256:" + "ab" * 32
+
+
+def test_runtime_containers_run_the_runtime_image_and_mount_no_code():
+    """The drain sidecar and the pre-warm run the stack's runtime image by digest; no ConfigMap of
+    code is mounted anywhere in the pod."""
+    spec = pod_spec(model(cache={"kind": "pvc", "prewarm": True}), "llama", POOL, "aws", 120, None, RUNTIME_IMAGE)
+    init = {c["name"]: c for c in spec["initContainers"]}
+    assert {n: c["image"] for n, c in init.items()} == {"spot-drain": RUNTIME_IMAGE, "prewarm": RUNTIME_IMAGE}
+    assert init["prewarm"]["command"][:2] == ["python3", f"{IMAGE_RUNTIME_DIR}/prewarm.py"]
+    assert not [v for v in spec["volumes"] if "configMap" in v]
+
+
+def test_the_prestop_hook_runs_the_code_the_sidecar_installs():
+    spec = pod_spec(model(), "llama", POOL, "aws", 120, None, RUNTIME_IMAGE)
+    sidecar, vllm = spec["initContainers"][0], spec["containers"][0]
+    script = sidecar["command"][-1]
+    for f in HOOK_FILES:
+        assert f"{IMAGE_RUNTIME_DIR}/{f}" in script
+    assert script.endswith(f"exec python3 {IMAGE_RUNTIME_DIR}/drain.py watch")
+    assert vllm["lifecycle"]["preStop"]["exec"]["command"] == ["python3", f"{HOOK_DIR}/drain.py", "prestop"]
+    drain_mounts = {c["name"]: [m["mountPath"] for m in c["volumeMounts"] if m["name"] == "drain"] for c in (sidecar, vllm)}
+    assert all(HOOK_DIR.startswith(p[0] + "/") for p in drain_mounts.values()), drain_mounts
 
 
 def test_pod_is_guaranteed_and_pins_whole_cpus():
-    spec = pod_spec(model(), "llama", POOL, "aws", 120, "llama-hf-token")
+    spec = pod_spec(model(), "llama", POOL, "aws", 120, "llama-hf-token", RUNTIME_IMAGE)
     for c in spec["containers"] + spec["initContainers"]:
         r = c["resources"]
         assert r["requests"] == r["limits"], c["name"]
@@ -84,7 +106,7 @@ def test_affinity_and_tolerations_follow_the_pool():
     aff = node_affinity(POOL)
     term = aff["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]
     assert term["matchExpressions"] == [{"key": "gpuinfra.io/pool", "operator": "In", "values": ["h100"]}]
-    spec = pod_spec(model(), "llama", POOL, "aws", 120, None)
+    spec = pod_spec(model(), "llama", POOL, "aws", 120, None, RUNTIME_IMAGE)
     assert spec["tolerations"] == [GPU_TOLERATION]
 
 
@@ -110,12 +132,12 @@ def test_spread_is_hard_across_nodes_and_soft_across_zones():
 def test_sidecar_reads_its_drain_reason_from_the_api_and_polls_no_metadata_server():
     """Pods cannot reach IMDS at hop limit 1 (EKS) or instance/preempted under GKE Workload
     Identity: no metadata watcher ships; the sidecar learns the reason from the API instead."""
-    c = drain_sidecar(model())
+    c = drain_sidecar(model(), RUNTIME_IMAGE)
     env = {e["name"]: e for e in c["env"]}
     assert not {"SPOT_PROVIDERS", "AWS_IMDS_ENDPOINT", "GCE_METADATA_ENDPOINT"} & set(env)
     assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
-    spec = pod_spec(model(), "llama", POOL, "aws", 120, None)
+    spec = pod_spec(model(), "llama", POOL, "aws", 120, None, RUNTIME_IMAGE)
     assert spec["automountServiceAccountToken"] is False and spec["serviceAccountName"] == "llama-drain"
     token_mounts = [(x["name"], m["name"]) for x in spec["containers"] + spec["initContainers"]
                     for m in x["volumeMounts"] if m["name"] == "drain-api"]
@@ -172,7 +194,7 @@ def test_online_fp8_reads_the_bf16_checkpoint():
 
 
 def test_torch_compile_cache_lives_on_the_model_cache():
-    (vllm,) = pod_spec(model(), "llama", POOL, "aws", 120, None)["containers"]
+    (vllm,) = pod_spec(model(), "llama", POOL, "aws", 120, None, RUNTIME_IMAGE)["containers"]
     env = {e["name"]: e.get("value") for e in vllm["env"]}
     mounts = {v["mountPath"]: v["name"] for v in vllm["volumeMounts"]}
     assert env["VLLM_CACHE_ROOT"].startswith("/models/") and mounts["/models"] == "model-cache"
@@ -389,11 +411,12 @@ def test_dashboard_uid_is_short_and_injective(ns, stem, t1, t2):
     assert (a == b) == (t1 == t2), (a, b)
 
 
-def test_runtime_ships_every_script_stdlib_only():
-    """agent_check.py's one non-stdlib import (prometheus_client's parser) is optional and indented
-    under a try: without it the agent check stays off and the drain sidecar runs as before."""
-    files = runtime_files()
-    assert set(files) == {"drain.py", "deadline_http.py", "disruption.py", "prewarm.py", "agent_check.py"}
+def test_the_prestop_hook_is_stdlib_only():
+    """The hook runs in the vLLM image's python3, which has none of the runtime image's packages.
+    agent_check.py (drain.py imports it) has one non-stdlib import, optional and indented under a
+    try, so the top-level imports checked here stay stdlib."""
+    files = {f: (ROOT / "runtime" / f).read_text() for f in HOOK_FILES}
+    assert "agent_check.py" in files, "drain.py imports it: the hook needs it beside drain.py"
     for name, text in files.items():
         imports = re.findall(r"^(?:from|import) ([a-z_.]+)", text, re.M)
         shipped = {f.removesuffix(".py") for f in files}

@@ -12,7 +12,7 @@ import pytest
 from components.platform.cluster_handle import CAPACITY_LABEL
 from components.serving.config import VLLM_IMAGE
 from components.platform.addons_values import KEDA_CHART, KPS_CHART
-from components.serving.pod_spec import HF_TOKEN_KEY, PYTHON_IMAGE, shared_service_name
+from components.serving.pod_spec import HF_TOKEN_KEY, shared_service_name
 from components.serving.vllm_args import vllm_args
 from tests.support import validate_core_objects
 from tools.offline import PROJECT, parsed_config, run_program, stack_config
@@ -94,7 +94,7 @@ def test_probes_and_drain_hook(any_run):
         assert sidecar["restartPolicy"] == "Always", f"{comp.urn}: the drain sidecar must be a native sidecar"
         assert sidecar["readinessProbe"]["httpGet"]["path"] == "/ready", comp.urn
         assert sidecar["readinessProbe"]["periodSeconds"] == 1, comp.urn
-        assert sidecar["image"] == PYTHON_IMAGE, comp.urn
+        assert "/runtime@sha256:" in sidecar["image"], comp.urn
 
 
 def test_termination_grace_covers_prestop_and_shutdown(any_run):

@@ -54,6 +54,16 @@ def _eks_cluster(name: str) -> dict[str, Any]:
     }
 
 
+def _image_build(name: str, inputs: dict[str, Any]) -> dict[str, Any]:
+    """pulumi-docker-build's Image after a push: a digest that is a function of what was built (the
+    context's content hash the program labels it with, the tags, the platforms), so the render is
+    deterministic and a change of an image's sources changes its digest in every pod that runs it."""
+    built = json.dumps({k: inputs.get(k) for k in ("labels", "tags", "platforms", "dockerfile", "context")}, sort_keys=True)
+    digest = f"sha256:{hashlib.sha256(built.encode()).hexdigest()}"
+    tags = inputs.get("tags") or []
+    return {"digest": digest, "ref": f"{tags[0]}@{digest}" if tags else "", "contextHash": _hex(built, 64)}
+
+
 # type token -> fn(name, inputs) -> computed outputs merged over the inputs
 RESOURCE_OUTPUTS: dict[str, Callable[[str, dict[str, Any]], dict[str, Any]]] = {
     "aws:sqs/queue:Queue": lambda n, i: {
@@ -92,6 +102,17 @@ RESOURCE_OUTPUTS: dict[str, Callable[[str, dict[str, Any]], dict[str, Any]]] = {
     "gcp:serviceaccount/account:Account": lambda n, i: {"email": f"{i.get('accountId', n)}@{i.get('project', 'p')}.iam.gserviceaccount.com", "name": f"projects/p/serviceAccounts/{n}"},
     "gcp:compute/router:Router": lambda n, i: {"selfLink": f"https://www.googleapis.com/compute/v1/projects/p/regions/r/routers/{i.get('name', n)}"},
     "gcp:container/nodePool:NodePool": lambda n, i: {"instanceGroupUrls": [], "managedInstanceGroupUrls": []},
+    "docker-build:index:Image": _image_build,
+    "aws:ecr/repository:Repository": lambda n, i: {
+        "repositoryUrl": f"{ACCOUNT}.dkr.ecr.us-east-1.amazonaws.com/{i.get('name', n)}",
+        "registryId": ACCOUNT,
+        "arn": _arn("ecr", "us-east-1", f"repository/{i.get('name', n)}"),
+    },
+    "gcp:artifactregistry/repository:Repository": lambda n, i: {
+        "name": i.get("repositoryId", n),
+        "id": f"projects/{i.get('project', 'p')}/locations/{i.get('location', 'l')}/repositories/{i.get('repositoryId', n)}",
+        "registryUri": f"{i.get('location', 'l')}-docker.pkg.dev/{i.get('project', 'p')}/{i.get('repositoryId', n)}",
+    },
     # Another stack's outputs, as `pulumi.StackReference` reads them: a `kubeconfigs` map keyed by
     # cluster name (the contract of this project's own stacks) and a plain `kubeconfig`, both secret.
     "pulumi:pulumi:StackReference": lambda n, i: {
@@ -121,6 +142,17 @@ CALL_OUTPUTS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
         "arn": f"arn:aws:iam::{ACCOUNT}:user/ci",
         "userId": "AIDAMOCK",
         "id": ACCOUNT,
+    },
+    "aws:ecr/getAuthorizationToken:getAuthorizationToken": lambda a: {
+        "proxyEndpoint": f"https://{a.get('registryId', ACCOUNT)}.dkr.ecr.us-east-1.amazonaws.com",
+        "userName": "AWS",
+        "password": "mock-ecr-password",
+        "authorizationToken": base64.b64encode(b"AWS:mock-ecr-password").decode(),
+        "expiresAt": "2030-01-01T00:00:00Z",
+        "id": a.get("registryId", ACCOUNT),
+    },
+    "gcp:organizations/getClientConfig:getClientConfig": lambda a: {
+        "accessToken": "mock-gcp-access-token", "project": "p", "region": "us-central1", "zone": "", "id": "mock",
     },
     "aws:index/getPartition:getPartition": lambda a: {"partition": "aws", "dnsSuffix": "amazonaws.com", "id": "aws"},
     "aws:index/getRegion:getRegion": lambda a: {"name": a.get("name", "us-east-1"), "region": a.get("region", "us-east-1"), "id": "us-east-1"},

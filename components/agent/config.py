@@ -8,7 +8,7 @@ from typing import Annotated, Literal, Optional
 
 from pydantic import Field, StringConstraints, field_validator, model_validator
 
-from components.config_types import IMAGE_REF, Base, Port, image_unpinned
+from components.config_types import Base, Port
 
 SOCKREDIR_MAX_PORTS = 16
 """The agent's sockredir port table holds at most 16 ports (`bpf/sockredir.h`, `bpf/agent/programs.py`)."""
@@ -71,8 +71,6 @@ class TcpBackpressureConfig(Base):
 class EbpfAgentConfig(Base):
     enabled: bool = True
     """Deploy the eBPF agent DaemonSet on every GPU node."""
-    image: str = "ghcr.io/gpuinfra/ebpf-agent:0.1.0"
-    """The agent image built from bpf/Dockerfile; pinned tag or digest."""
     metrics_port: Port = 9435
     """Port of the agent's Prometheus `/metrics` endpoint."""
     sockmap: SockmapConfig = SockmapConfig()
@@ -98,18 +96,6 @@ class EbpfAgentConfig(Base):
     `profiles/gpuinfra-ebpf-agent.json`) that allows bpf() and perf_event_open(). Unset: Unconfined
     for the agent container (containerd's RuntimeDefault blocks bpf() without CAP_SYS_ADMIN)."""
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
-
-    @field_validator("image")
-    @classmethod
-    def _pinned(cls, v: str) -> str:
-        if not IMAGE_REF.match(v):
-            raise ValueError(f"'{v}' is not an image reference; allowed: registry/name:tag or registry/name@sha256:<digest>")
-        if image_unpinned(v):
-            raise ValueError(
-                f"'{v}' is not pinned; allowed: an exact tag other than 'latest' (e.g. "
-                f"ghcr.io/gpuinfra/ebpf-agent:0.1.0) or an @sha256: digest"
-            )
-        return v
 
     @field_validator("seccomp_localhost_profile")
     @classmethod

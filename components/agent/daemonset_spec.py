@@ -263,12 +263,13 @@ def _probe(period_s: int, initial_delay_s: int, failures: int) -> dict[str, Any]
 
 
 def pod_spec(cfg: EbpfAgentConfig, ports: Sequence[int], pools: Sequence[GpuPoolInfo],
-             client_namespaces: Sequence[str] = ()) -> dict[str, Any]:
+             client_namespaces: Sequence[str] = (), *, image: Any) -> dict[str, Any]:
+    """`image`: the agent image by digest (the stack's build of bpf/, or images.prebuilt.agent)."""
     programs = enabled_programs(cfg, accelerated_ports(cfg, ports))
     volumes, mounts = volumes_and_mounts(cfg)
     container = {
         "name": CONTAINER_NAME,
-        "image": cfg.image,
+        "image": image,
         "imagePullPolicy": "IfNotPresent",
         "env": agent_env(cfg, ports, client_namespaces),
         "ports": [{"name": METRICS_PORT_NAME, "containerPort": cfg.metrics_port, "protocol": "TCP"}],
@@ -295,7 +296,7 @@ def pod_spec(cfg: EbpfAgentConfig, ports: Sequence[int], pools: Sequence[GpuPool
 
 def daemonset_spec(
     cfg: EbpfAgentConfig, ports: Sequence[int], pools: Sequence[GpuPoolInfo], platform_labels: dict[str, str],
-    client_namespaces: Sequence[str] = (),
+    client_namespaces: Sequence[str] = (), *, image: Any,
 ) -> dict[str, Any]:
     """One agent per GPU node. Rolling update one node in ten at a time (at least one), no surge: two
     agents on one node would share the pinned maps. Traffic keeps flowing while an agent restarts
@@ -307,7 +308,7 @@ def daemonset_spec(
         "revisionHistoryLimit": 5,
         "template": {
             "metadata": {"labels": object_labels(platform_labels)},
-            "spec": pod_spec(cfg, ports, pools, client_namespaces),
+            "spec": pod_spec(cfg, ports, pools, client_namespaces, image=image),
         },
     }
 

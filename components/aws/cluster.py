@@ -315,7 +315,8 @@ class AwsGpuCluster(pulumi.ComponentResource):
             interruption_queue_arn=queue_arn,
             native=self.cluster,
             ready_after=cluster_ready,
-            extras={"vpc_id": vpc.id, "private_subnet_ids": private_ids, "karpenter": self.karpenter},
+            extras={"vpc_id": vpc.id, "private_subnet_ids": private_ids, "karpenter": self.karpenter,
+                    "aws_provider": aws_provider},
         )
         self.register_outputs(
             {

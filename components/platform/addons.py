@@ -3,7 +3,7 @@ KEDA and kube-prometheus-stack (pinned Helm releases, CRDs included) when enable
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 import pulumi
@@ -20,6 +20,8 @@ class PlatformAddonsArgs:
     namespaces: Namespaces
     observability: ObservabilityConfig
     labels: dict[str, str]
+    namespace_labels: dict[str, dict[str, str]] = field(default_factory=dict)
+    """Extra labels per namespace role (`system`, `serving`): the Pod Security admission labels."""
 
 
 class PlatformAddons(pulumi.ComponentResource):
@@ -41,7 +43,7 @@ class PlatformAddons(pulumi.ComponentResource):
         for role, ns_name in (("system", args.namespaces.system), ("serving", args.namespaces.serving)):
             ns[role] = k8s.core.v1.Namespace(
                 f"{name}-ns-{role}",
-                metadata=k8s.meta.v1.ObjectMetaArgs(name=ns_name, labels=args.labels),
+                metadata=k8s.meta.v1.ObjectMetaArgs(name=ns_name, labels={**args.labels, **args.namespace_labels.get(role, {})}),
                 opts=child,
             )
         self.system_namespace = ns["system"].metadata.name

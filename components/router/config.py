@@ -9,14 +9,11 @@ from pydantic import Field, field_validator, model_validator
 from components.config_types import Base, Duration, Port, image_unpinned
 from components.serving.config import ModelConfig
 
-HAPROXY_IMAGE = "haproxy:2.6.34@sha256:82c023b4f99e2090b14dbe7f04b0590b4e0af608f7c29cedcabf25c34fb066cd"
+HAPROXY_IMAGE = "docker.io/library/haproxy:2.6.34@sha256:82c023b4f99e2090b14dbe7f04b0590b4e0af608f7c29cedcabf25c34fb066cd"
 """The official HAProxy image, 2.6 LTS, pinned by its index digest (docker-library/repo-info
 repos/haproxy/remote/2.6.34.md at commit 0ed0a0ed: USE_PROMEX=1, USER haproxy (uid 99), STOPSIGNAL
 SIGUSR1). The tests run Debian 12's 2.6.12 with the same rendered file; docs/serving.md lists the
 features relied on and that both have them."""
-WATCHER_IMAGE = "python:3.11.17-slim-bookworm"
-"""The image the controller runs in: the project's runtime image (runtime/; it carries the pinned
-`kubernetes` and `prometheus_client`) once the stack builds it."""
 
 
 class AffinityConfig(Base):
@@ -38,9 +35,8 @@ class RouterConfig(Base):
     """Deploy the router. Unset: on in every cluster where a primary model's `overflow_to` economy
     entry is placed too; `true`: on every cluster that serves a model; `false`: off."""
     image: str = HAPROXY_IMAGE
-    """The HAProxy image (2.6 or a later LTS that accepts the same configuration)."""
-    watcher_image: str = WATCHER_IMAGE
-    """The image the controller (runtime/haproxy_ctl.py) runs in."""
+    """The HAProxy image (2.6 or a later LTS that accepts the same configuration); the controller
+    beside it runs the stack's runtime image (runtime/haproxy_ctl.py)."""
     port: Port = 8080
     """The port clients connect to (`http://gpuinfra-router.<ns>.svc:<port>/<model>/v1`)."""
     metrics_port: Port = 9145
@@ -70,7 +66,7 @@ class RouterConfig(Base):
     overflow_alert_for: Duration = "15m"
     """...for this long."""
 
-    @field_validator("image", "watcher_image")
+    @field_validator("image")
     @classmethod
     def _image_pinned(cls, v: str) -> str:
         if image_unpinned(v):

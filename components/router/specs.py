@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 from typing import Any, Optional, Sequence
 
 from components.agent.daemonset_spec import gpu_node_affinity, gpu_tolerations
@@ -178,7 +177,7 @@ def haproxy_container(rc: RouterConfig, models: Sequence[ModelConfig]) -> dict[s
     }
 
 
-def controller_container(rc: RouterConfig) -> dict[str, Any]:
+def controller_container(rc: RouterConfig, runtime_image: Any) -> dict[str, Any]:
     """A native sidecar (an initContainer that keeps running): it starts before HAProxy and stops
     after it. Its readiness is the first sync into HAProxy, so the pod is Ready only with servers."""
     env = [
@@ -191,7 +190,7 @@ def controller_container(rc: RouterConfig) -> dict[str, Any]:
     ]
     return {
         "name": "controller",
-        "image": rc.watcher_image,
+        "image": runtime_image,
         "imagePullPolicy": "IfNotPresent",
         "restartPolicy": "Always",
         "command": ["python3", "-u", f"{RUNTIME_DIR}/haproxy_ctl.py", "run"],
@@ -210,7 +209,8 @@ def controller_container(rc: RouterConfig) -> dict[str, Any]:
     }
 
 
-def pod_spec(rc: RouterConfig, models: Sequence[ModelConfig], pools: Sequence[GpuPoolInfo]) -> dict[str, Any]:
+def pod_spec(rc: RouterConfig, models: Sequence[ModelConfig], pools: Sequence[GpuPoolInfo],
+             runtime_image: Any) -> dict[str, Any]:
     return {
         "serviceAccountName": APP_NAME,
         # Only the controller gets a token (projected below); HAProxy never talks to the API.
@@ -222,7 +222,7 @@ def pod_spec(rc: RouterConfig, models: Sequence[ModelConfig], pools: Sequence[Gp
             "runAsNonRoot": True, "runAsUser": RUN_AS, "runAsGroup": RUN_AS, "fsGroup": RUN_AS,
             "seccompProfile": {"type": "RuntimeDefault"},
         },
-        "initContainers": [controller_container(rc)],
+        "initContainers": [controller_container(rc, runtime_image)],
         "containers": [haproxy_container(rc, models)],
         "volumes": [
             {"name": "config", "configMap": {"name": APP_NAME}},
@@ -237,7 +237,7 @@ def pod_spec(rc: RouterConfig, models: Sequence[ModelConfig], pools: Sequence[Gp
 
 
 def daemonset_spec(rc: RouterConfig, models: Sequence[ModelConfig], pools: Sequence[GpuPoolInfo],
-                   platform_labels: dict[str, str]) -> dict[str, Any]:
+                   platform_labels: dict[str, str], runtime_image: Any) -> dict[str, Any]:
     """One router per GPU node. Surge rollout: the new pod starts beside the old one (no host port),
     the old one drains (preStop settle, then a soft stop), so a node is never without a router.
     The pod template changes (a rollout, HAProxy's only reload) only when the rendered files do:
@@ -251,7 +251,7 @@ def daemonset_spec(rc: RouterConfig, models: Sequence[ModelConfig], pools: Seque
         "template": {
             "metadata": {"labels": object_labels(platform_labels),
                          "annotations": {"gpuinfra.io/router-config-hash": config_hash(files)}},
-            "spec": pod_spec(rc, models, pools),
+            "spec": pod_spec(rc, models, pools, runtime_image),
         },
     }
 
