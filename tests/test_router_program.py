@@ -184,6 +184,8 @@ BROKEN = [
      ["router", "cpu_millicores", "threads"]),
     ("affinity-unknown-model", "prod", lambda c: c.__setitem__(P + "router", {"affinity": {"nope": {}}}),
      ["router.affinity.nope", "no model entry"]),
+    ("settle-shorter-than-agent", "prod", lambda c: c.__setitem__(P + "router", {"agent_interval_ms": 4000}),
+     ["drain.readiness_settle_s", "agent intervals", "router.agent_interval_ms"]),
 ]
 
 

@@ -99,8 +99,15 @@ def test_sigterm_drain_finishes_the_stream_and_new_requests_succeed_elsewhere(pa
         t = threading.Thread(target=lambda: out.update(long=complete(r.url, "m", "long", 2000, 180, model.served_name)))
         t.start()
         time.sleep(1.0)
-        drains["primary"].set()  # the preStop's drain flag: the agent says `drain` ...
-        p.sigterm()  # ... and vLLM answers new requests 500 (the endpoint is still listed as ready)
+        # The preStop's order: the drain flag first (the agent says `drain`), then, after the settle
+        # (>= one agent interval, a config rule), the kubelet's SIGTERM. The endpoint is still listed
+        # as ready throughout: only the agent takes the replica out.
+        drains["primary"].set()
+        end = time.monotonic() + 10
+        while time.monotonic() < end and not r.servers("m")["primary"].admin & 0x08:
+            time.sleep(0.05)
+        assert r.servers("m")["primary"].admin & 0x08, "every router drains the replica within an agent interval"
+        p.sigterm()
         time.sleep(0.5)
         assert engines.http_get(f"{p.url}/health", 5)[0] == 200, "vLLM's /health stays 200 while draining"
         new = [complete(r.url, "m", f"n{i}", 4, 60, model.served_name) for i in range(3)]
