@@ -33,8 +33,9 @@ except ImportError:  # a sidecar image without the runtime image's packages: the
 log = logging.getLogger("gpuinfra.agent_check")
 
 RUNNING, WAITING = "vllm:num_requests_running", "vllm:num_requests_waiting"
-KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
-"""vLLM's KV-cache use (0-1); vLLM >= 0.10 names it kv_cache_usage_perc, older ones gpu_cache_usage_perc."""
+KV_USAGE = ("vllm:kv_cache_usage_perc",)
+"""vLLM's KV-cache use (0-1), as the pinned vLLM exports it (tests/test_vllm_upstream.py checks every
+`vllm:` name in runtime/ against the pinned release's evidence)."""
 CUDA_LAUNCH_SUM = "ebpf_cuda_call_enqueue_seconds_sum"
 CUDA_LAUNCH_COUNT = "ebpf_cuda_call_enqueue_seconds_count"
 TCP_SAMPLES = "ebpf_tcp_send_samples_total"

@@ -76,11 +76,12 @@ def test_only_cuda_launches_count_as_launch_latency():
     assert got == {ac.CUDA_LAUNCH_SUM: 2.0, ac.CUDA_LAUNCH_COUNT: 4.0}
 
 
-def test_vllm_metrics_parse_with_labels_and_both_kv_names():
+def test_vllm_metrics_parse_with_labels_summed_over_engines():
     text = ('# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name="m",engine="0"} 3.0\n'
-            'vllm:num_requests_waiting{model_name="m",engine="0"} 1.0\nvllm:gpu_cache_usage_perc{model_name="m"} 0.25\n')
+            'vllm:num_requests_running{model_name="m",engine="1"} 1.0\n'
+            'vllm:num_requests_waiting{model_name="m",engine="0"} 1.0\nvllm:kv_cache_usage_perc{model_name="m"} 0.25\n')
     assert ac.parse_samples(text, (ac.RUNNING, ac.WAITING, *ac.KV_USAGE)) == {
-        ac.RUNNING: 3.0, ac.WAITING: 1.0, "vllm:gpu_cache_usage_perc": 0.25}
+        ac.RUNNING: 4.0, ac.WAITING: 1.0, "vllm:kv_cache_usage_perc": 0.25}
 
 
 class FakeVllm:
