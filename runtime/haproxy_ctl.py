@@ -264,7 +264,11 @@ def main(argv: list[str]) -> int:
     ctl = start(s, routes, stop)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: (stop.set(), ctl.state.changed.set()))
-    ctl.run(stop)
+    # The loop runs beside the main thread, so a runtime API call in flight (2 s deadline) never
+    # delays the exit: HAProxy keeps its servers without us.
+    threading.Thread(target=ctl.run, args=(stop,), daemon=True, name="sync").start()
+    while not stop.wait(1.0):
+        pass
     return 0
 
 
