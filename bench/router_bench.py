@@ -1,60 +1,55 @@
 #!/usr/bin/env python3
-"""What the router adds to time-to-first-token, measured side by side in one run.
+"""The router's four figures, side by side in one run (bench/README.md):
 
-Part 1, loopback: the same streaming completion, interleaved: straight to a replica, and through
-the real nginx with the rendered config (same-node replica, `worker_processes auto`, upstream
-keep-alive on and off). The replica is the vLLM stand-in (tests/router_upstream.py), which answers
-in well under a millisecond, so the difference is the router's own cost. Prints p50/p99 TTFT per
-path and the router's added milliseconds.
+1. overhead: TTFB of the same streaming completion straight to a replica and through the real
+   HAProxy with the rendered config and the controller (interleaved; p50/p99 and their ratio);
+2. overflow latency: from the moment the primary replicas report a full batch (through their
+   agent, at the default agent interval) to the first request the router sends to economy;
+3. spot drain: requests a replica receives after it starts draining (its agent says `drain`),
+   total and after one second (target 0);
+4. prefix affinity on real vLLM CPU servers with prefix caching on: vLLM's own prefix-cache hit
+   rate (`vllm:prefix_cache_hits` / `vllm:prefix_cache_queries`) and TTFT p50 for a shared-prefix
+   workload whose prefixes do not fit in one replica's cache, with affinity against round-robin.
+   Skipped, with the reason, without the e2e venv (make e2e-deps).
 
-Part 2, pods (root; clang/bpftool; skipped with the reason otherwise): as on a GPU node, the replica
-in one pod and the router beside the client in another (network namespace + cgroup each,
-tests/e2e/pods.py), the real eBPF agent attached to the pods' cgroup with the replica's port and the
-router's cgroup allow-listed. Two identical routers in the client's namespace: one in that pod's
-cgroup (router→replica hop on the sockmap fast path), one in a cgroup the agent does not see
-(plain TCP), so agent on and off run in one process interleaved round by round, with direct
-(plain TCP) alongside. A round fails unless the agent's redirect counter moved with the agent-on
-router and stood still otherwise.
+Parts 1-3 use the vLLM stand-in (tests/router_upstream.py), which answers in well under a
+millisecond and speaks the real agent-check responder.
 
-    .venv/bin/python bench/router_bench.py [requests] [pod-rounds]
+    .venv/bin/python bench/router_bench.py [requests]
 """
 
 from __future__ import annotations
 
 import http.client
 import json
-import os
-import signal
+import random
+import re
 import statistics
-import subprocess
 import sys
 import tempfile
+import threading
 import time
+import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from components.router.nginx_conf import Route  # noqa: E402
-from runtime.watcher import Upstream  # noqa: E402
-from runtime.watcher import Endpoint, render_upstream  # noqa: E402
-from tests.router_harness import (NGINX, NODE, UPSTREAM_SCRIPT, free_port, render, slices_for,  # noqa: E402
+from components.router.config import RouterConfig  # noqa: E402
+from components.router.haproxy_cfg import Affinity, Route  # noqa: E402
+from runtime import agent_check  # noqa: E402
+from tests.router_harness import (HAPROXY, NODE, Replica, complete, free_port, journal, slices_for,  # noqa: E402
                                   start_replica, start_router, stop_replicas)
 
-SINK = ("import socket, sys, threading, time\n"
-        "for p in sys.argv[1:]:\n"
-        "    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(('127.0.0.1', int(p)))\n"
-        "    threading.Thread(target=lambda s=s: [s.recv(65536) for _ in iter(int, 1)], daemon=True).start()\n"
-        "time.sleep(3600)\n")
-"""The router's access-log receiver (the watcher's syslog port), inside the router's namespace."""
+AGENT_MS = RouterConfig().agent_interval_ms
 
 
-def ttft(conn: http.client.HTTPConnection, path: str) -> float:
+def ttfb(conn: http.client.HTTPConnection, path: str) -> float:
     body = json.dumps({"model": "tiny", "prompt": "hi", "max_tokens": 2, "stream": True, "user": "bench"})
     t0 = time.perf_counter()
     conn.request("POST", path, body=body, headers={"Content-Type": "application/json"})
     r = conn.getresponse()
-    first = r.read1(65536)  # the first SSE event (the first token)
+    first = r.read1(65536)
     t1 = time.perf_counter()
     assert r.status == 200 and first, (r.status, first)
     r.read()
@@ -66,152 +61,183 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
-def report(title: str, samples: dict[str, list[float]], base: str = "direct") -> None:
-    base50, base99 = pct(samples[base], 0.5), pct(samples[base], 0.99)
-    print(title)
-    print(f"{'path':<22}{'p50 ms':>10}{'p99 ms':>10}{'added p50':>12}{'added p99':>12}{'p50 ratio':>11}{'p99 ratio':>11}")
-    for k, xs in samples.items():
-        p50, p99 = pct(xs, 0.5), pct(xs, 0.99)
-        print(f"{k:<22}{p50 * 1e3:>10.3f}{p99 * 1e3:>10.3f}{(p50 - base50) * 1e3:>12.3f}"
-              f"{(p99 - base99) * 1e3:>12.3f}{p50 / base50:>11.2f}{p99 / base99:>11.2f}")
+def overhead(tmp: Path, n: int) -> dict[str, float]:
+    rep = start_replica(tmp, "a", NODE, "ok", 2, 0.0, 64)
+    r = start_router(tmp, [Route("m")], slices_for({"m": [rep]}), [rep], caps={"m": 64}, agent_inter_ms=AGENT_MS)
+    try:
+        direct = http.client.HTTPConnection("127.0.0.1", rep.port, timeout=10)
+        routed = http.client.HTTPConnection("127.0.0.1", r.port, timeout=10)
+        d, h = [], []
+        for _ in range(20):  # warm both paths
+            ttfb(direct, "/v1/completions"), ttfb(routed, "/m/v1/completions")
+        for _ in range(n):
+            d.append(ttfb(direct, "/v1/completions"))
+            h.append(ttfb(routed, "/m/v1/completions"))
+        return {"direct_p50": pct(d, 0.5), "direct_p99": pct(d, 0.99), "router_p50": pct(h, 0.5), "router_p99": pct(h, 0.99)}
+    finally:
+        r.close()
+        stop_replicas([rep])
 
 
-def into(cgroup: str):
-    """A preexec_fn that puts the child in `cgroup` (a pod's) before it runs."""
-    def enter() -> None:
-        with open(os.path.join(cgroup, "cgroup.procs"), "w") as f:
-            f.write(str(os.getpid()))
-    return enter
+def overflow_latency(tmp: Path, rounds: int = 3) -> list[float]:
+    prim = start_replica(tmp, "prim", NODE, "ok", 1, 0.0, 64)
+    econ = start_replica(tmp, "econ", "node-b", "ok", 1, 0.0, 64)
+    r = start_router(tmp, [Route("m", "m-economy"), Route("m-economy")], slices_for({"m": [prim], "m-economy": [econ]}),
+                     [prim, econ], caps={"m": 64, "m-economy": 64}, agent_inter_ms=AGENT_MS)
+    out = []
+    try:
+        for i in range(rounds):
+            assert complete(r.url, "m", f"warm{i}", 1).served_by[0] == "prim"
+            t0 = time.monotonic()
+            prim.control(saturated=True)
+            while time.monotonic() - t0 < 10:
+                if complete(r.url, "m", f"o{i}", 1).served_by[0] == "econ":
+                    out.append(time.monotonic() - t0)
+                    break
+                time.sleep(0.01)
+            prim.control(saturated=False)
+            time.sleep(3 * AGENT_MS / 1000)
+        return out
+    finally:
+        r.close()
+        stop_replicas([prim, econ])
 
 
-def measure(host: str, port: int, path: str, n: int, warm: int) -> None:
-    """One batch, run inside the client pod: `warm` untimed then `n` timed TTFTs, JSON on stdout."""
-    conn = http.client.HTTPConnection(host, port, timeout=10)
-    for _ in range(warm):
-        ttft(conn, path)
-    print(json.dumps([ttft(conn, path) for _ in range(n)]))
+def spot_drain(tmp: Path, seconds: float = 3.0) -> tuple[int, int, float]:
+    """(requests to the draining replica after the drain, of those after 1 s, last one after s)."""
+    a = start_replica(tmp, "a", NODE, "ok", 1, 0.0, 64)
+    b = start_replica(tmp, "b", "node-b", "ok", 1, 0.0, 64)
+    r = start_router(tmp, [Route("m")], slices_for({"m": [a, b]}), [a, b], caps={"m": 64}, agent_inter_ms=AGENT_MS)
+    stop = threading.Event()
+
+    def client(k: int) -> None:
+        i = 0
+        while not stop.is_set():
+            complete(r.url, "m", f"c{k}-{i}", 1)
+            i += 1
+
+    try:
+        threads = [threading.Thread(target=client, args=(k,)) for k in range(4)]
+        for t in threads:
+            t.start()
+        time.sleep(0.5)
+        t0 = time.time()
+        a.control(drain=True)
+        time.sleep(seconds)
+        stop.set()
+        for t in threads:
+            t.join(10)
+        late = [j["t"] - t0 for j in journal(tmp) if j["name"] == "a" and j["outcome"] == "start" and j["t"] > t0]
+        return len(late), len([x for x in late if x > 1.0]), max(late, default=0.0)
+    finally:
+        r.close()
+        stop_replicas([a, b])
 
 
-def pods_part(n: int, rounds: int, warm: int = 10) -> int:
-    from tests.e2e import pods
+# ---- prefix affinity on real vLLM ------------------------------------------------------------------
 
-    reason = pods.kernel_skip_reason()
-    if reason:
-        print(f"router with the eBPF agent on/off skipped: {reason}")
-        return 0
-    tmp = Path(tempfile.mkdtemp(prefix="router-bench-pods-"))
-    procs: list[subprocess.Popen] = []
+HITS = re.compile(r"^vllm:prefix_cache_hits_total\{[^}]*\} ([0-9.e+]+)$", re.M)
+QUERIES = re.compile(r"^vllm:prefix_cache_queries_total\{[^}]*\} ([0-9.e+]+)$", re.M)
+BLOCKS = 112
+"""Each server's KV cache (`--num-gpu-blocks-override`, 128-token blocks on the CPU backend): 7 of
+the workload's 8 prefixes (~2,000 tokens, 16 blocks each): all of them do not fit in one replica."""
+PREFIXES, ROUNDS, PREFIX_WORDS = 8, 8, 360
+"""The first round is cold by construction, so the hit rate is at most (ROUNDS - 1) / ROUNDS."""
 
-    def start(pod: "pods.Pod", argv: list[str], log: str) -> None:
-        with open(tmp / log, "wb") as out:
-            procs.append(subprocess.Popen([*pod.prefix(), *argv], stdout=out, stderr=subprocess.STDOUT,
-                                          preexec_fn=into(pod.cgroup), start_new_session=True))
 
-    rport = free_port()
-    with pods.node() as nd, pods.agent(nd.pods_cgroup, [rport], tmp / "agent.log",
-                                       allow_clients="cgroup:client,cgroup:server") as mport:
-        try:
-            start(nd.server, [sys.executable, str(UPSTREAM_SCRIPT), "--host", nd.server.ip, "--port", str(rport),
-                              "--name", "replica", "--journal", os.devnull, "--tokens", "2", "--token-delay", "0"],
-                  "replica.log")
-            probe = pods.http_probe(nd.plain_client, f"http://{nd.server.ip}:{rport}/health")
-            deadline = time.monotonic() + 20
-            while not probe():
-                assert time.monotonic() < deadline, f"replica not ready: {(tmp / 'replica.log').read_text()[-2000:]}"
-                time.sleep(0.2)
-            ups = [Upstream("m", "m", "http", 64)]
-            paths = {"direct": (nd.server.ip, rport, "/v1/completions")}
-            log_ports = []
-            for label, pod in (("router, agent off", nd.plain_client), ("router, agent on", nd.client)):
-                d = tmp / label.replace(" ", "").replace(",", "-")
-                d.mkdir()
-                conf, st = render(d, [Route("m", "m")], ups, workers="auto")
-                Path(st.upstreams_path).write_text(
-                    render_upstream(ups[0], [Endpoint(nd.server.ip, rport, NODE)], NODE, keepalive=16))
-                start(pod, [NGINX, "-e", "stderr", "-c", str(conf)], f"{d.name}.log")
-                paths[label] = ("127.0.0.1", st.port, "/m/v1/completions")
-                log_ports.append(str(st.log_port))
-            start(nd.plain_client, [sys.executable, "-c", SINK, *log_ports], "sink.log")
-            samples: dict[str, list[float]] = {k: [] for k in paths}
-            moved: list[float] = []
-            order = list(paths)
-            for r in range(rounds):
-                for label in order[r % 3:] + order[:r % 3]:
-                    host, port, path = paths[label]
-                    before = pods.scrape(mport)["ebpf_sockmap_redirected_total"]
-                    out = subprocess.run(
-                        [*nd.plain_client.prefix(), sys.executable, str(Path(__file__).resolve()), "--measure",
-                         host, str(port), path, str(n), str(warm)], capture_output=True, text=True, timeout=120,
-                        preexec_fn=into(nd.plain_client.cgroup))
-                    if out.returncode:
-                        raise SystemExit(f"round {r} {label}: client failed\n{out.stderr[-2000:]}\n"
-                                         f"{(tmp / 'sink.log').read_text()[-500:]}")
-                    samples[label] += json.loads(out.stdout)
-                    delta = pods.scrape(mport)["ebpf_sockmap_redirected_total"] - before
-                    on = label.endswith("agent on")
-                    if (on and delta < 2 * (n + warm)) or (not on and delta != 0):
-                        raise SystemExit(f"round {r} {label}: agent redirected {delta:.0f} messages for "
-                                         f"{n + warm} requests (expected {'>= 2 per request' if on else 'none'}); "
-                                         + ", ".join(f"{k}={v:.0f}" for k, v in pods.scrape(mport).items()
-                                                     if k.startswith("ebpf_sockmap_")))
-                    if on:
-                        moved.append(delta)
-        finally:
-            for p in procs:  # each in its own session: the group is nginx's master and workers
-                if p.poll() is None:
-                    os.killpg(p.pid, signal.SIGKILL)
-                p.wait(10)
-    report(f"TTFT in pods on one node (netns + cgroup each; replica over a veth; router in the client's pod), "
-           f"{rounds} rounds x {n} requests per path, order rotated per round", samples)
-    off50, on50 = pct(samples["router, agent off"], 0.5), pct(samples["router, agent on"], 0.5)
-    off99, on99 = pct(samples["router, agent off"], 0.99), pct(samples["router, agent on"], 0.99)
-    print(f"router agent on/off: p50 {on50 / off50:.2f}, p99 {on99 / off99:.2f}; "
-          f"redirected messages per agent-on round: {', '.join(f'{m:.0f}' for m in moved)}")
-    return 0
+def cache_counters(url: str) -> tuple[float, float]:
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    return sum(map(float, HITS.findall(text))), sum(map(float, QUERIES.findall(text)))
+
+
+def affinity(tmp: Path) -> dict[str, dict[str, float]]:
+    from tests.e2e import engines
+    from tests.e2e.project import local_args, rendered_model
+
+    model = rendered_model()
+    tiny = str(engines.tiny_model(model.max_model_len))
+    servers, reps, stop = [], [], threading.Event()
+    try:
+        for i in range(2):
+            port = engines.free_port()
+            args = local_args(model, tiny, "127.0.0.1", port) + ["--num-gpu-blocks-override", str(BLOCKS)]
+            srv = engines.start_vllm(args, "127.0.0.1", port, tmp / f"vllm{i}.log")
+            servers.append(srv)
+            aport = free_port()
+            s = agent_check.Settings(aport, "127.0.0.1", f"{srv.url}/metrics", None,
+                                     agent_check.Thresholds(max_num_seqs=64), 0.1)
+            agent_check.start(s, lambda: False, stop)
+            reps.append(Replica(f"v{i}", port, f"node-{i}", None, aport))
+        words = [f"w{k}" for k in range(4000)]
+        prompts = [" ".join(words[(p * 997 + j * 13) % 4000] for j in range(PREFIX_WORDS)) for p in range(PREFIXES)]
+        out = {}
+        for mode in ("round-robin", "affinity"):  # each mode its own prefixes: no cache carried over
+            aff = Affinity(prefix_bytes=512, balance_factor=150) if mode == "affinity" else None
+            patch = (lambda t: t.replace("balance first", "balance roundrobin")) if aff is None else None
+            r = start_router(tmp, [Route("m", affinity=aff)], slices_for({"m": reps}), reps, caps={"m": 64},
+                             name=mode, agent_inter_ms=AGENT_MS, patch=patch, timeout_s=120)
+            before = [cache_counters(s.url) for s in servers]
+            ttfts = []
+            order = random.Random(0)  # the same shuffled arrival order for both modes
+            try:
+                for rnd in range(ROUNDS):
+                    for p in order.sample(range(PREFIXES), PREFIXES):
+                        prompt = prompts[p]
+                        t0 = time.perf_counter()
+                        x = complete(r.url, "m", f"{mode}-{rnd}-{p}", 1, 120, model.served_name,
+                                     prompt=f"{mode}: {prompt} question {rnd}")
+                        assert x.status == 200, x
+                        ttfts.append(time.perf_counter() - t0)
+            finally:
+                r.close()
+            after = [cache_counters(s.url) for s in servers]
+            hits = sum(a[0] - b[0] for a, b in zip(after, before))
+            queries = sum(a[1] - b[1] for a, b in zip(after, before))
+            out[mode] = {"hit_rate": hits / queries if queries else 0.0, "ttft_p50": statistics.median(ttfts)}
+        return out
+    finally:
+        stop.set()
+        for s in servers:
+            s.kill()
 
 
 def main() -> int:
-    if len(sys.argv) == 7 and sys.argv[1] == "--measure":
-        measure(sys.argv[2], int(sys.argv[3]), sys.argv[4], int(sys.argv[5]), int(sys.argv[6]))
+    n = int(sys.argv[1]) if len(sys.argv) > 1 else 300
+    if HAPROXY is None:
+        print("router bench skipped: haproxy is not installed (make apt-deps)")
         return 0
-    n = int(sys.argv[1]) if len(sys.argv) > 1 else 400
-    rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 6
-    if NGINX is None:
-        print("nginx not installed: `make apt-deps` installs nginx-light", file=sys.stderr)
-        return 1
-    tmp = Path(tempfile.mkdtemp(prefix="router-bench-"))
-    rep = start_replica(tmp, "local", NODE, tokens=2, delay=0.0)
-    routers = {}
-    try:
-        for label, keepalive in (("router", 16), ("router-no-keepalive", 0)):
-            d = tmp / label
-            d.mkdir()
-            ups = [Upstream("m", "m", "http", 64)]
-            r = start_router(d, [Route("m", "m")], ups, slices_for({"m": [rep]}), workers="auto")
-            if keepalive:
-                r.publish(slices_for({"m": [rep]}))
-                text = Path(r.settings.upstreams_path).read_text().replace("}\n", f"    keepalive {keepalive};\n}}\n")
-                Path(r.settings.upstreams_path).write_text(text)
-                r.reload()
-            routers[label] = r
-        paths = {"direct": ("127.0.0.1", rep.port, "/v1/completions")}
-        paths.update({k: ("127.0.0.1", r.port, "/m/v1/completions") for k, r in routers.items()})
-        conns = {k: http.client.HTTPConnection(h, p, timeout=10) for k, (h, p, _) in paths.items()}
-        samples: dict[str, list[float]] = {k: [] for k in paths}
-        for _ in range(20):  # warm up
-            for k, (_, _, path) in paths.items():
-                ttft(conns[k], path)
-        for _ in range(n):
-            for k, (_, _, path) in paths.items():
-                samples[k].append(ttft(conns[k], path))
-        report(f"TTFT over {n} interleaved streaming requests per path (loopback, client keep-alive)", samples)
-        print(f"mean direct {statistics.mean(samples['direct']) * 1e3:.3f} ms")
-    finally:
-        for r in routers.values():
-            r.close()
-        stop_replicas([rep])
-    print()
-    return pods_part(max(50, n // 4), rounds)
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        (tmp / "o").mkdir(), (tmp / "f").mkdir(), (tmp / "s").mkdir(), (tmp / "p").mkdir()
+        ov = overhead(tmp / "o", n)
+        fl = overflow_latency(tmp / "f")
+        sd = spot_drain(tmp / "s")
+        try:
+            from tests.e2e import engines
+            reason = engines.skip_reason()
+        except ImportError as e:
+            reason = str(e)
+        af = affinity(tmp / "p") if reason is None else None
+    print(f"router bench (HAProxy {HAPROXY}, agent interval {AGENT_MS} ms)")
+    print(f"{'figure':<44}{'value':>16}{'baseline':>16}{'ratio':>10}")
+    for q in ("p50", "p99"):
+        d, h = ov[f"direct_{q}"], ov[f"router_{q}"]
+        print(f"{'1. TTFB ' + q + ' via router / direct (ms)':<44}{h * 1e3:>16.3f}{d * 1e3:>16.3f}{h / d:>10.2f}")
+    print(f"{'2. overflow latency max of ' + str(len(fl)) + ' (s, target <= 1)':<44}{max(fl):>16.3f}"
+          f"{AGENT_MS / 1000:>16.3f}{max(fl) / (AGENT_MS / 1000):>10.2f}")
+    total, after1, last = sd
+    print(f"{'3. spot drain: requests after drain / >1 s':<44}{total:>16d}{after1:>16d}{'':>10}")
+    print(f"{'   last request after drain (s)':<44}{last:>16.3f}{'':>16}{'':>10}")
+    if af is None:
+        print(f"4. prefix affinity skipped: {reason}")
+    else:
+        a, b = af["affinity"], af["round-robin"]
+        print(f"{'4. prefix-cache hit rate affinity / rr':<44}{a['hit_rate']:>16.1%}{b['hit_rate']:>16.1%}"
+              f"{a['hit_rate'] / b['hit_rate'] if b['hit_rate'] else float('inf'):>10.2f}")
+        print(f"{'   TTFT p50 affinity / rr (ms)':<44}{a['ttft_p50'] * 1e3:>16.1f}{b['ttft_p50'] * 1e3:>16.1f}"
+              f"{a['ttft_p50'] / b['ttft_p50']:>10.2f}")
+    return 0
 
 
 if __name__ == "__main__":

@@ -197,7 +197,7 @@ def _facts(cfg: StackConfig, layers: dict[str, Any], v: dict[str, Any]) -> tuple
 
 
 def _model_url(router_base: Optional[str], model: str) -> Optional[str]:
-    """A model's route on the router: `/<model entry name>/` (components/router/nginx_conf.py)."""
+    """A model's route on the router: `/<model entry name>/` (components/router/haproxy_cfg.py)."""
     return f"{router_base.rstrip('/')}/{model}" if router_base else None
 
 

@@ -9,6 +9,8 @@ overlaps, drain budgets) live here on `StackConfig`. Each error names the key pa
 
 from __future__ import annotations
 
+import math
+
 from functools import cached_property
 from typing import Annotated, Any, Union
 
@@ -81,6 +83,7 @@ class StackConfig(Base):
         errors += _aws_ami_pinned(self)
         errors += _aws_endpoint_restricted(self)
         errors += _ebpf_agent_ports(self)
+        errors += _router_affinity(self)
         errors += _image_registry(self)
         errors += _consumers(self)
         errors += _platform_namespaces(self)
@@ -98,6 +101,20 @@ def _dupes(names: list[str]) -> list[str]:
             dup.append(n)
         seen.add(n)
     return dup
+
+
+def _router_affinity(s: StackConfig) -> list[str]:
+    """Affinity keys name model entries; and the drain's settle outlasts two agent intervals, so every
+    router has the replica in DRAIN before the kubelet's SIGTERM (after which vLLM answers 500, and a
+    retry cannot leave the primary tier)."""
+    names = sorted(m.name for m in s.models)
+    errs = [f"router.affinity.{k}: no model entry named '{k}'; allowed: {', '.join(names) or 'none'}"
+            for k in s.router.affinity if k not in names]
+    need_s = 2 * s.router.agent_interval_ms / 1000
+    errs += [f"models[{i}].drain.readiness_settle_s: {m.drain.readiness_settle_s} is shorter than two router agent "
+             f"intervals ({need_s:g} s, router.agent_interval_ms); allowed: >= {math.ceil(need_s)}"
+             for i, m in enumerate(s.models) if m.drain.readiness_settle_s < need_s]
+    return errs
 
 
 def _duplicate_names(s: StackConfig) -> list[str]:

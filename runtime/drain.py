@@ -35,7 +35,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable, Optional
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import deadline_http  # noqa: E402 - shipped beside this file
+import agent_check  # noqa: E402 - shipped beside this file
+import deadline_http  # noqa: E402
 import disruption  # noqa: E402
 
 log = logging.getLogger("gpuinfra.drain")
@@ -280,6 +281,7 @@ def watch(s: Settings, stop: Optional[threading.Event] = None) -> int:
     st = State()
     server = make_server(s, st)
     threading.Thread(target=server.serve_forever, name="ready", daemon=True).start()
+    agent_check.start(agent_check.Settings.from_env(), lambda: flag_reason(s.flag_path) is not None, stop)
     log.info("sidecar up on :%d, api=%s", server.server_address[1], "yes" if s.api else "no")
     try:
         started: Optional[float] = None

@@ -1,6 +1,7 @@
-"""Runs the real router here: Debian's nginx with the rendered config, upstreams rendered by the
-watcher from EndpointSlice documents, and stdlib vLLM stand-ins (tests/router_upstream.py) or real
-vLLM servers as replicas. Loopback only."""
+"""Runs the real router here: Debian's HAProxy with the rendered haproxy.cfg, the controller
+(runtime/haproxy_ctl.py) adding and removing servers through the runtime API from EndpointSlice
+documents, and stdlib vLLM stand-ins (tests/router_upstream.py, each with the real agent-check
+responder) or real vLLM servers as replicas. Loopback only."""
 
 from __future__ import annotations
 
@@ -20,15 +21,18 @@ from typing import Any, Optional
 
 import pytest
 
-from components.router.nginx_conf import NginxSettings, Route, render_nginx_conf
-from runtime import watcher
+from components.router import haproxy_cfg
+from components.router.haproxy_cfg import Route
+from runtime import haproxy_ctl
 
-NGINX = shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
-needs_nginx = pytest.mark.skipif(
-    NGINX is None, reason="nginx is not installed (make apt-deps installs Debian's nginx-light from bpf/apt-packages.txt)"
+hx = haproxy_ctl.hx
+HAPROXY = shutil.which("haproxy") or ("/usr/sbin/haproxy" if os.path.exists("/usr/sbin/haproxy") else None)
+needs_haproxy = pytest.mark.skipif(
+    HAPROXY is None, reason="haproxy is not installed (make apt-deps installs it from components/router/apt-packages.txt)"
 )
 UPSTREAM_SCRIPT = Path(__file__).with_name("router_upstream.py")
 NODE = "node-a"
+AGENT_INTER_MS = 200
 
 
 def free_port() -> int:
@@ -54,30 +58,38 @@ class Replica:
     port: int
     node: str
     proc: Optional[subprocess.Popen] = None
+    agent_port: int = 0
     ready: bool = True
     terminating: bool = False
 
     def endpoint(self) -> dict[str, Any]:
         return {"addresses": ["127.0.0.1"], "nodeName": self.node,
+                "targetRef": {"kind": "Pod", "name": self.name, "uid": f"uid-{self.name}"},
                 "conditions": {"ready": self.ready, "serving": self.ready or self.terminating, "terminating": self.terminating}}
 
+    def control(self, **doc: Any) -> None:
+        req = urllib.request.Request(f"http://127.0.0.1:{self.port}/control", data=json.dumps(doc).encode(), method="POST")
+        urllib.request.urlopen(req, timeout=5).read()
 
-def start_replica(tmp: Path, name: str, node: str, mode: str = "ok", tokens: int = 5, delay: float = 0.05) -> Replica:
-    port = free_port()
+
+def start_replica(tmp: Path, name: str, node: str, mode: str = "ok", tokens: int = 5, delay: float = 0.05,
+                  max_num_seqs: int = 4, *extra: str) -> Replica:
+    port, agent = free_port(), free_port()
     proc = subprocess.Popen(
         [sys.executable, str(UPSTREAM_SCRIPT), "--port", str(port), "--name", name, "--journal", str(tmp / "journal.jsonl"),
-         "--mode", mode, "--tokens", str(tokens), "--token-delay", str(delay)],
+         "--mode", mode, "--tokens", str(tokens), "--token-delay", str(delay), "--agent-port", str(agent),
+         "--max-num-seqs", str(max_num_seqs), *extra],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )
     wait_port(port)
-    return Replica(name, port, node, proc)
+    wait_port(agent)
+    return Replica(name, port, node, proc, agent)
 
 
-def slice_of(service: str, replicas: list[Replica], name: Optional[str] = None) -> dict[str, Any]:
-    """One EndpointSlice per replica (each has its own port here; in a cluster the port is shared)."""
-    (r,) = replicas
+def slice_of(service: str, r: Replica) -> dict[str, Any]:
+    """One EndpointSlice per replica (each has its own ports here; in a cluster they are shared)."""
     return {
-        "metadata": {"name": name or f"{service}-{r.name}", "labels": {watcher.SERVICE_NAME_LABEL: service}},
+        "metadata": {"name": f"{service}-{r.name}", "labels": {hx.SERVICE_NAME_LABEL: service}},
         "addressType": "IPv4",
         "ports": [{"name": "http", "port": r.port, "protocol": "TCP"}],
         "endpoints": [r.endpoint()],
@@ -85,80 +97,129 @@ def slice_of(service: str, replicas: list[Replica], name: Optional[str] = None) 
 
 
 def slices_for(tiers: dict[str, list[Replica]]) -> list[dict[str, Any]]:
-    return [slice_of(service, [r]) for service, reps in tiers.items() for r in reps]
+    return [slice_of(service, r) for service, reps in tiers.items() for r in reps]
+
+
+def backend_specs(routes: list[Route], caps: dict[str, int], agent_ports: dict[str, int]) -> list[Any]:
+    """The controller's table (what specs.controller_routes renders in the pod). Each stand-in
+    has its own agent port here, so `agent_ports` maps a Service to one of them; tests with
+    several replicas per Service pass the shared port through `agent_port_of`."""
+    aff = {r.model: r.affinity for r in routes}
+    return [hx.BackendSpec(name=b, service=svc, port_name="http", agent_port=agent_ports.get(svc, 0),
+                           maxconn=caps.get(svc, 4), local_first=aff.get(b) is None, capacity=not b.startswith("ovf-"))
+            for b, svc in haproxy_cfg.backends(routes)]
+
+
+class PerServerAgentApi(hx.RuntimeApi):
+    """The runtime API, with each `add server` given the agent port of that replica's stand-in
+    (in a cluster every replica answers on the same port)."""
+
+    def __init__(self, address: str, agent_ports: dict[str, int]) -> None:
+        super().__init__(address)
+        self.agent_ports = agent_ports
+
+    def __call__(self, command: str) -> str:
+        if command.startswith("add server "):
+            name = command.split()[2].split("/", 1)[1]
+            port = self.agent_ports.get(name)
+            if port:
+                command = command.replace(" agent-port 0 ", f" agent-port {port} ")
+        return super().__call__(command)
 
 
 @dataclass
 class Router:
     dir: Path
     port: int
+    metrics_port: int
     proc: subprocess.Popen
-    settings: NginxSettings
-    upstreams: list[watcher.Upstream]
-    metrics: watcher.Metrics = field(default_factory=watcher.Metrics)
-    log_sock: Optional[socket.socket] = None
+    ctl: Any
+    state: Any
+    replicas: dict[str, int]
     stop: threading.Event = field(default_factory=threading.Event)
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def publish(self, slices: list[dict[str, Any]], node: str = NODE, reload: bool = True) -> str:
-        text = watcher.render_upstreams(slices, self.upstreams, node)
-        Path(self.settings.upstreams_path).write_text(text)
-        if reload:
-            self.reload()
-        return text
+    def publish(self, slices: list[dict[str, Any]], reps: Optional[list[Replica]] = None) -> None:
+        for r in reps or []:
+            self.replicas[r.name] = r.agent_port
+        before = self.ctl.passes
+        self.state.reset(slices)
+        self.wait_sync(before)
 
-    def reload(self) -> None:
-        pid = int(Path(self.settings.pid_path).read_text())
-        os.kill(pid, signal.SIGHUP)
-        time.sleep(0.3)  # the master starts new workers; old ones finish their requests
+    def wait_sync(self, before: Optional[int] = None, timeout: float = 10) -> None:
+        before = self.ctl.passes if before is None else before
+        end = time.monotonic() + timeout
+        while self.ctl.passes < before + 2 and time.monotonic() < end:
+            time.sleep(0.02)
+        assert self.ctl.passes >= before + 2, "the controller did not sync"
+
+    def cli(self, command: str) -> str:
+        return self.ctl.api(command)
+
+    def servers(self, backend: str) -> dict[str, Any]:
+        return hx.have(self.ctl.api, backend)
 
     def close(self) -> None:
         self.stop.set()
+        self.state.changed.set()
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGQUIT)
+            self.proc.send_signal(signal.SIGUSR1)  # soft stop, as the official image's STOPSIGNAL
             try:
                 self.proc.wait(10)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        if self.log_sock is not None:
-            self.log_sock.close()
 
 
-def render(tmp: Path, routes: list[Route], upstreams: list[watcher.Upstream], max_tries: int = 2,
-           shutdown_s: int = 30, workers: str = "2") -> tuple[Path, NginxSettings]:
-    temp = tmp / "nginx-temp"
-    temp.mkdir(exist_ok=True)
-    os.chmod(temp, 0o777)  # as root, nginx's workers run as nobody
-    s = NginxSettings(
-        port=free_port(), upstreams_path=str(tmp / "upstreams.conf"), pid_path=str(tmp / "nginx.pid"),
-        temp_dir=str(temp), log_port=free_port(), worker_shutdown_timeout_s=shutdown_s, read_timeout_s=30,
-        max_tries=max_tries, listen_addr="127.0.0.1", worker_processes=workers, error_log="stderr warn",
+def render(tmp: Path, routes: list[Route], threads: int = 2, timeout_s: int = 30) -> tuple[Path, haproxy_cfg.Settings]:
+    s = haproxy_cfg.Settings(
+        port=free_port(), metrics_port=free_port(), socket_path=str(tmp / "haproxy.sock"),
+        caps_map_path=str(tmp / "caps.map"), threads=threads, maxconn=2000, timeout_s=timeout_s,
+        hard_stop_s=timeout_s + 5, listen_addr="127.0.0.1",
     )
-    conf = tmp / "nginx.conf"
-    conf.write_text(render_nginx_conf(routes, s))
+    conf = tmp / "haproxy.cfg"
+    conf.write_text(haproxy_cfg.render(routes, s))
+    (tmp / "caps.map").write_text(haproxy_cfg.caps_map(routes))
     return conf, s
 
 
-def nginx_test(conf: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([NGINX, "-t", "-e", "stderr", "-c", str(conf)], capture_output=True, text=True, timeout=30)
+def haproxy_check(conf: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([HAPROXY, "-c", "-f", str(conf)], capture_output=True, text=True, timeout=30)
 
 
-def start_router(tmp: Path, routes: list[Route], upstreams: list[watcher.Upstream], slices: list[dict[str, Any]],
-                 node: str = NODE, **kw: Any) -> Router:
-    conf, s = render(tmp, routes, upstreams, **kw)
-    Path(s.upstreams_path).write_text(watcher.render_upstreams(slices, upstreams, node))
-    check = nginx_test(conf)
+def start_router(tmp: Path, routes: list[Route], slices: list[dict[str, Any]], replicas: list[Replica],
+                 node: str = NODE, caps: Optional[dict[str, int]] = None, name: str = "r",
+                 agent_inter_ms: int = AGENT_INTER_MS, patch: Optional[Any] = None, **kw: Any) -> Router:
+    """`patch`: a function applied to the rendered haproxy.cfg text (the benchmark's baselines)."""
+    d = tmp / name
+    d.mkdir(exist_ok=True)
+    conf, s = render(d, routes, **kw)
+    if patch is not None:
+        conf.write_text(patch(conf.read_text()))
+    check = haproxy_check(conf)
     assert check.returncode == 0, check.stderr
-    metrics, stop = watcher.Metrics(), threading.Event()
-    ws = watcher.Settings.from_env({"ROUTER_NAMESPACE": "t", "NODE_NAME": node, "ROUTER_LOG_PORT": str(s.log_port)})
-    sock = watcher.serve_logs(ws, metrics, stop)
-    proc = subprocess.Popen([NGINX, "-e", "stderr", "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    log = open(d / "haproxy.log", "w")
+    proc = subprocess.Popen([HAPROXY, "-f", str(conf), "-db"], stdout=log, stderr=subprocess.STDOUT)
+    log.close()
     wait_port(s.port)
-    return Router(tmp, s.port, proc, s, upstreams, metrics, sock, stop)
+    end = time.monotonic() + 10
+    while not os.path.exists(s.socket_path) and time.monotonic() < end:
+        time.sleep(0.02)
+    settings = haproxy_ctl.Settings(namespace="t", node_name=node, routes_path="", socket=s.socket_path,
+                                    metrics_addr="127.0.0.1", metrics_port=0, api_host=None, sync_s=0.1,
+                                    watch_timeout_s=5, retry_s=0.2)
+    table = haproxy_ctl.Routes(backend_specs(routes, caps or {}, {}), agent_inter_ms, 5.0, s.caps_map_path)
+    agent_ports = {r.name: r.agent_port for r in replicas}
+    state, metrics = haproxy_ctl.SliceState(), haproxy_ctl.Metrics()
+    ctl = haproxy_ctl.Controller(settings, table, PerServerAgentApi(s.socket_path, agent_ports), state, metrics)
+    router = Router(d, s.port, s.metrics_port, proc, ctl, state, agent_ports)
+    threading.Thread(target=ctl.run, args=(router.stop,), daemon=True).start()
+    router.publish(slices)
+    time.sleep(2 * agent_inter_ms / 1000)  # the first agent replies
+    return router
 
 
 @dataclass
@@ -170,11 +231,12 @@ class Reply:
     error: Optional[str] = None
 
 
-def complete(base: str, model: str, rid: str, max_tokens: int = 5, timeout: float = 30, served: str = "tiny") -> Reply:
+def complete(base: str, model: str, rid: str, max_tokens: int = 5, timeout: float = 30, served: str = "tiny",
+             prompt: str = "hi") -> Reply:
     """POST a streaming completion through the router and read the SSE stream to its end."""
     # ignore_eos (a vLLM sampling extension): a random-weight test model may sample EOS at any
     # step, and the tests rely on max_tokens fixing how long a stream holds its replica.
-    body = json.dumps({"model": served, "prompt": "hi", "max_tokens": max_tokens, "stream": True, "user": rid,
+    body = json.dumps({"model": served, "prompt": prompt, "max_tokens": max_tokens, "stream": True, "user": rid,
                        "ignore_eos": True}).encode()
     req = urllib.request.Request(f"{base}/{model}/v1/completions", data=body, method="POST",
                                  headers={"Content-Type": "application/json"})

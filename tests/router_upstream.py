@@ -5,7 +5,15 @@
   every `--token-delay` seconds; it never answers 429 (vLLM queues instead);
 - after SIGTERM it answers every new request with HTTP 500 before any byte, finishes the streams in
   flight, keeps `/health` and `/v1/models` at 200, and exits when the last stream ends;
-- `--mode 503` answers 503 to completions (an overloaded or broken replica).
+- `--mode 503` answers 503 to completions (a replica whose queue is full: it reports a waiting
+  request, as vLLM does past `--max-num-queued-reqs`);
+- `--fail-first N` answers HTTP 500 to its first N completions (an engine error), then streams;
+- `--first-delay S` waits S seconds before the response headers (a slow prefill);
+- `/metrics` reports vLLM's `num_requests_running`/`num_requests_waiting`/`kv_cache_usage_perc`,
+  `/node-metrics` the node eBPF agent's counters, and with `--agent-port` the real agent-check
+  responder (runtime/agent_check.py) answers HAProxy from them; `POST /control` sets
+  `{"drain": true}` (the pod's drain flag), `{"pressure": true}` (node backpressure) or
+  `{"saturated": true}` (a waiting request: a full batch).
 
 Each request it receives is appended to `--journal` (one JSON line: name, request id, outcome), so a
 test can prove where a request went and that it was never replayed.
@@ -17,9 +25,14 @@ import argparse
 import json
 import signal
 import socket
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from runtime import agent_check  # noqa: E402
 
 SHUTDOWN_ERROR = {"error": {"message": "cannot schedule new futures after shutdown", "type": "InternalServerError", "code": 500}}
 
@@ -33,15 +46,20 @@ def main() -> None:
     ap.add_argument("--mode", choices=["ok", "503"], default="ok")
     ap.add_argument("--tokens", type=int, default=5)
     ap.add_argument("--token-delay", type=float, default=0.05)
+    ap.add_argument("--agent-port", type=int, default=0)
+    ap.add_argument("--max-num-seqs", type=int, default=4)
+    ap.add_argument("--fail-first", type=int, default=0)
+    ap.add_argument("--first-delay", type=float, default=0.0)
     a = ap.parse_args()
 
-    state = {"draining": False, "inflight": 0}
+    state = {"draining": False, "inflight": 0, "agent_drain": False, "pressure": False, "failed": 0, "samples": 0, "bp": 0,
+             "saturated": False}
     lock = threading.Lock()
     jlock = threading.Lock()
 
     def journal(rec: dict) -> None:
         with jlock, open(a.journal, "a") as f:
-            f.write(json.dumps({"name": a.name, **rec}) + "\n")
+            f.write(json.dumps({"name": a.name, "t": time.time(), **rec}) + "\n")
 
     class H(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -63,7 +81,28 @@ def main() -> None:
             self.end_headers()
             self.wfile.write(body)
 
+        def _text(self, text: str) -> None:
+            body = text.encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
         def do_GET(self) -> None:
+            if self.path == "/metrics":
+                with lock:
+                    running = state["inflight"]
+                    waiting = 1 if a.mode == "503" or state["saturated"] else 0
+                return self._text(f"vllm:num_requests_running{{model_name=\"tiny\"}} {running}\n"
+                                  f"vllm:num_requests_waiting{{model_name=\"tiny\"}} {waiting}\n"
+                                  f"vllm:kv_cache_usage_perc{{model_name=\"tiny\"}} 0.0\n")
+            if self.path == "/node-metrics":
+                with lock:  # each scrape: 100 sends, all of them under backpressure while pressured
+                    state["samples"] += 100
+                    state["bp"] += 100 if state["pressure"] else 0
+                    smp, bp = state["samples"], state["bp"]
+                return self._text(f"ebpf_tcp_send_samples_total {smp}\nebpf_tcp_send_backpressure_total {bp}\n")
             if self.path in ("/health", "/v1/models"):
                 self._json(200, {"object": "list", "data": [{"id": "tiny"}]} if self.path != "/health" else {})
             else:
@@ -72,6 +111,12 @@ def main() -> None:
         def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
             req = json.loads(body or b"{}")
+            if self.path == "/control":
+                with lock:
+                    state["agent_drain"] = bool(req.get("drain", state["agent_drain"]))
+                    state["pressure"] = bool(req.get("pressure", state["pressure"]))
+                    state["saturated"] = bool(req.get("saturated", state["saturated"]))
+                return self._json(200, {})
             rid = req.get("user", "")
             tokens = int(req.get("max_tokens") or a.tokens)
             if self.path != "/v1/completions":
@@ -84,12 +129,21 @@ def main() -> None:
             if draining:
                 journal({"id": rid, "outcome": "500-draining"})
                 return self._json(500, SHUTDOWN_ERROR)
+            with lock:
+                fail = state["failed"] < a.fail_first
+                state["failed"] += fail
+            if fail:
+                with lock:
+                    state["inflight"] -= 1
+                journal({"id": rid, "outcome": "500"})
+                return self._json(500, {"error": {"message": "engine error", "code": 500}})
             if a.mode == "503":
                 with lock:
                     state["inflight"] -= 1
                 journal({"id": rid, "outcome": "503"})
                 return self._json(503, {"error": {"message": "overloaded", "code": 503}})
             journal({"id": rid, "outcome": "start", "max": state["inflight"]})
+            time.sleep(a.first_delay)
             try:
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")
@@ -131,6 +185,16 @@ def main() -> None:
         threading.Thread(target=wait_and_exit, daemon=True).start()
 
     signal.signal(signal.SIGTERM, on_term)
+    if a.agent_port:
+        base = f"http://{a.host}:{a.port}"
+        t = agent_check.Thresholds(max_num_seqs=a.max_num_seqs, backpressure_ratio=0.5)
+        s = agent_check.Settings(port=a.agent_port, addr=a.host, vllm_url=f"{base}/metrics",
+                                 node_url=f"{base}/node-metrics", thresholds=t, interval_s=0.05)
+        poller = agent_check.Poller(s.vllm_url, s.node_url, lambda: state["agent_drain"] or state["draining"],
+                                    interval_s=s.interval_s, node_interval_s=0.1)
+        stop = threading.Event()
+        threading.Thread(target=poller.run, args=(stop,), daemon=True).start()
+        agent_check.serve(s.addr, s.port, lambda: agent_check.reply(poller.snapshot(), t), stop)
     print(f"ready {a.name} {a.port}", flush=True)
     srv.serve_forever()
 

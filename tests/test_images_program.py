@@ -82,7 +82,7 @@ def test_every_workload_runs_a_built_or_digest_pinned_image(any_run):
         if image in TAG_PINNED_THIRD_PARTY:
             continue
         assert image in built or DIGEST.match(image), f"{urn} container {name}: {image} is neither built by the stack nor pinned by digest"
-    ours = {image for _, name, image in images if name in ("agent", "spot-drain", "prewarm", "endpoint-watcher")}
+    ours = {image for _, name, image in images if name in ("agent", "spot-drain", "prewarm", "controller")}
     assert ours and ours <= built, f"{any_run.stack}: the project's own containers must run what this stack built: {ours - built}"
 
 
@@ -154,7 +154,7 @@ def test_prebuilt_images_are_run_by_their_digests_and_nothing_is_built():
     assert not run.by_type(IMAGE) and not run.by_type("aws:ecr/repository:Repository")
     assert not run.by_type("gcp:artifactregistry/repository:Repository")
     images = {(name, image) for _, name, image in workload_images(run)}
-    assert ("agent", AGENT) in images and ("spot-drain", RUNTIME) in images and ("endpoint-watcher", RUNTIME) in images
+    assert ("agent", AGENT) in images and ("spot-drain", RUNTIME) in images and ("controller", RUNTIME) in images
 
 
 def test_byo_pushes_to_the_configured_registry():

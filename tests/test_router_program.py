@@ -1,21 +1,23 @@
 """The router through the whole program (`__main__.py` under mocks): where it lands, its rendered
-objects (schema-valid, Pod Security "restricted", least-privilege RBAC, node-local Service), its
-config passing the real `nginx -t`, the contract's router URLs, and bad configs refused up front."""
+objects (schema-valid, Pod Security "restricted", least-privilege RBAC, node-local Service, no PDB),
+its config passing the real `haproxy -c` and its alert and dashboard naming only metrics the real
+HAProxy exports, the contract's router URLs, and bad configs refused up front."""
 
 from __future__ import annotations
 
 import copy
 import json
 import subprocess
-from pathlib import Path
+import urllib.request
 from typing import Any
 
 import kubernetes_validate
 import pytest
 
-from components.router.config import NGINX_IMAGE
-from runtime import watcher
-from tests.router_harness import NGINX, needs_nginx
+from components.router import monitoring
+from components.router.config import HAPROXY_IMAGE
+from runtime import haproxy_ctl
+from tests.router_harness import HAPROXY, free_port, needs_haproxy, wait_port
 from tests.support import SCHEMA_VERSION, assert_config_error, manifest, validate_core_objects
 from tools.offline import PROJECT, ProgramRun, parsed_config, run_program, stack_config
 
@@ -45,28 +47,38 @@ def test_router_only_where_a_model_overflows(any_run):
 def test_router_objects_validate_and_are_restricted(prod_run):
     assert validate_core_objects(prod_run) > 0
     kids = children(prod_run, "prod-use1-llm-router")
-    assert {"sa", "role", "rolebinding", "config", "daemonset", "service", "local-service", "pdb",
+    assert {"sa", "role", "rolebinding", "config", "daemonset", "service", "local-service",
             "servicemonitor", "rules", "dashboard"} <= set(kids), sorted(kids)
-    for key in ("sa", "role", "rolebinding", "config", "daemonset", "service", "local-service", "pdb", "dashboard"):
+    # No PDB over the DaemonSet's pods: it would report disruptionsAllowed 0 and block every eviction.
+    assert "pdb" not in kids
+    assert not [r for r in prod_run.kubernetes_objects() if manifest(r).get("kind") == "PodDisruptionBudget"
+                and manifest(r)["spec"]["selector"].get("matchLabels", {}).get("app.kubernetes.io/name") == "gpuinfra-router"]
+    for key in ("sa", "role", "rolebinding", "config", "daemonset", "service", "local-service", "dashboard"):
         kubernetes_validate.validate(manifest(kids[key]), SCHEMA_VERSION, strict=True)
     ds = manifest(kids["daemonset"])
     pod = ds["spec"]["template"]["spec"]
-    assert pod["automountServiceAccountToken"] is False and pod["shareProcessNamespace"] is True
+    assert pod["automountServiceAccountToken"] is False and "shareProcessNamespace" not in pod
     assert pod["securityContext"]["runAsNonRoot"] is True
     containers = pod["containers"] + pod["initContainers"]
     for c in containers:
         sc = c["securityContext"]
         assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True, c["name"]
         assert sc["capabilities"] == {"drop": ["ALL"]} and sc["seccompProfile"]["type"] == "RuntimeDefault", c["name"]
-        assert sc["runAsUser"] >= 1000 or sc["runAsUser"] == 101, c["name"]
+        assert sc["runAsUser"] == 99, c["name"]  # the official image's haproxy user, shared by the controller
         assert "hostPort" not in json.dumps(c["ports"]), c["name"]
-    nginx = next(c for c in pod["containers"] if c["name"] == "nginx")
-    assert nginx["image"] == NGINX_IMAGE and nginx["readinessProbe"] and nginx["livenessProbe"]
-    assert nginx["resources"]["limits"]["memory"] == nginx["resources"]["requests"]["memory"]
+    hap = next(c for c in pod["containers"] if c["name"] == "haproxy")
+    assert hap["image"] == HAPROXY_IMAGE and "haproxy:2.6." in hap["image"] and "@sha256:" in hap["image"]
+    assert hap["readinessProbe"] and hap["livenessProbe"]
+    assert hap["resources"]["limits"]["memory"] == hap["resources"]["requests"]["memory"]
+    # Threads bounded by the container's own CPU limit, memory by its own limit.
+    conf = _rendered_files(prod_run, "prod-use1-llm-router")["haproxy.cfg"]
+    assert f"nbthread {hap['resources']['limits']['cpu']}\n" in conf
+    assert "-m" in hap["command"] and int(hap["command"][hap["command"].index("-m") + 1]) < 256
     (w,) = pod["initContainers"]
-    assert w["restartPolicy"] == "Always" and w["startupProbe"]["httpGet"]["path"] == "/ready"
+    assert w["restartPolicy"] == "Always" and w["readinessProbe"]["httpGet"]["path"] == "/ready"
+    assert "startupProbe" not in w, "a sidecar startupProbe waiting on HAProxy would deadlock the pod's start"
     assert {m["name"] for m in w["volumeMounts"]} >= {"api-token"}
-    assert "api-token" not in {m["name"] for m in nginx["volumeMounts"]}, "only the watcher gets an API token"
+    assert "api-token" not in {m["name"] for m in hap["volumeMounts"]}, "only the controller gets an API token"
     # Runs on the GPU nodes (the pools' selectors) and tolerates their taint.
     terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
     assert terms and pod["tolerations"]
@@ -98,34 +110,52 @@ def _rendered_files(run: ProgramRun, comp: str) -> dict[str, str]:
 
 def test_prod_routes_caps_and_retries(prod_run):
     files = _rendered_files(prod_run, "prod-use1-llm-router")
-    conf, routes = files["nginx.conf"], json.loads(files["routes.json"])
-    caps = {u["name"]: u["max_conns"] for u in routes["upstreams"]}
-    assert caps == {"llama-70b": 128, "llama-70b-economy": 32}, "max_conns = each entry's engine.max_num_seqs"
-    assert "error_page 429 500 502 503 504 = @llama-70b-economy;" in conf
-    assert "proxy_next_upstream error http_429 http_500 http_502 http_503 http_504 non_idempotent;" in conf
-    assert " timeout" not in conf.split("proxy_next_upstream ", 1)[1].split(";")[0]
-    assert "proxy_next_upstream_tries 2;" in conf and "proxy_request_buffering on;" in conf
-    assert "worker_processes auto;" in conf and "worker_shutdown_timeout 95s;" in conf
-    assert "watcher.py" not in files, "the watcher's code comes from the runtime image, not the ConfigMap"
+    conf, routes = files["haproxy.cfg"], json.loads(files["routes.json"])
+    caps = {b["name"]: b["maxconn"] for b in routes["backends"]}
+    assert caps == {"llama-70b": 128, "llama-70b-economy": 32, "ovf-llama-70b": 32}, "maxconn = each entry's max_num_seqs"
+    feeds = {b["name"]: b["service"] for b in routes["backends"]}
+    assert feeds["ovf-llama-70b"] == "llama-70b-economy"
+    assert "use_backend ovf-llama-70b if { var(txn.route) -m str llama-70b } { be_conn_free(llama-70b) eq 0 }" in conf
+    assert "retry-on conn-failure empty-response junk-response 500 502 503" in conf
+    assert "response-timeout" not in conf, "a slow prefill is never resent"
+    assert "retries 1" in conf and "timeout server 90s" in conf and "hard-stop-after 95s" in conf
+    assert files["caps.map"] == "llama-70b 0\nllama-70b-economy 0\n"
+    assert not [k for k in files if k.endswith(".py")], "the controller's code comes from the runtime image, not the ConfigMap"
 
 
-@needs_nginx
-def test_rendered_prod_config_passes_nginx_t(prod_run, tmp_path):
-    """The ConfigMap's nginx.conf, with the pod's paths moved under tmp, passes the real `nginx -t`."""
+@needs_haproxy
+def test_rendered_prod_config_passes_haproxy_c(prod_run, tmp_path):
+    """The ConfigMap's haproxy.cfg, with the pod's paths moved under tmp, passes the real
+    `haproxy -c`; started, its exporter serves every HAProxy metric the alerts and dashboard use."""
     files = _rendered_files(prod_run, "prod-use1-llm-router")
-    run_dir, temp = tmp_path / "run", tmp_path / "temp"
-    run_dir.mkdir(), temp.mkdir()
-    conf = files["nginx.conf"].replace("/run/router", str(run_dir)).replace("/tmp/nginx", str(temp))
-    ups, keepalive = watcher.load_routes(json.loads(files["routes.json"]))
-    sl = {"metadata": {"name": "s1", "labels": {watcher.SERVICE_NAME_LABEL: "llama-70b"}},
-          "ports": [{"name": "http", "port": 8000}],
-          "endpoints": [{"addresses": ["10.0.0.5"], "nodeName": "n1", "conditions": {"ready": True}},
-                        {"addresses": ["10.0.1.5"], "nodeName": "n2", "conditions": {"ready": True}}]}
-    (run_dir / "upstreams.conf").write_text(watcher.render_upstreams([sl], ups, "n1", keepalive))
-    (tmp_path / "nginx.conf").write_text(conf)
-    r = subprocess.run([NGINX, "-t", "-e", "stderr", "-c", str(tmp_path / "nginx.conf")], capture_output=True, text=True, timeout=30)
+    port, mport = free_port(), free_port()
+    conf = (files["haproxy.cfg"].replace("/etc/router", str(tmp_path)).replace("/run/router", str(tmp_path))
+            .replace("bind :8080", f"bind 127.0.0.1:{port}").replace("bind :9145", f"bind 127.0.0.1:{mport}"))
+    (tmp_path / "haproxy.cfg").write_text(conf)
+    (tmp_path / "caps.map").write_text(files["caps.map"])
+    r = subprocess.run([HAPROXY, "-c", "-f", str(tmp_path / "haproxy.cfg")], capture_output=True, text=True, timeout=30)
     assert r.returncode == 0, r.stderr
-    assert "syntax is ok" in r.stderr
+    proc = subprocess.Popen([HAPROXY, "-db", "-f", str(tmp_path / "haproxy.cfg")], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        wait_port(mport)
+        with urllib.request.urlopen(f"http://127.0.0.1:{mport}/metrics", timeout=5) as resp:
+            exported = resp.read().decode()
+    finally:
+        proc.kill()
+        proc.wait()
+    for name in (monitoring.REQUESTS, monitoring.RESPONSES, monitoring.RETRIES, monitoring.REDISPATCHES, monitoring.QUEUE):
+        assert f'{name}{{proxy="ovf-llama-70b"' in exported, name
+    rules = json.dumps(manifest(children(prod_run, "prod-use1-llm-router")["rules"])["spec"])
+    assert 'ovf-(llama-70b)' in rules and "llama-70b-economy" not in rules.split("GpuinfraRouterUpstreamErrors")[0], \
+        "overflow counts only the primary's own requests, never the economy entry's clients"
+
+
+def test_controller_metric_names_match_the_dashboard():
+    reg = haproxy_ctl.Metrics().registry
+    names = {s.name for fam in reg.collect() for s in fam.samples} | {fam.name for fam in reg.collect()}
+    assert monitoring.SERVERS in names
+    assert monitoring.CHANGES.removesuffix("_total") in names
 
 
 def test_contract_gives_router_urls(prod_run, dev_run):
@@ -145,13 +175,19 @@ def test_router_forced_on_in_dev(tmp_path):
     run = run_program("dev", cfg)
     assert [r.name for r in run.by_type(COMPONENT)] == ["dev-use1-llm-router"]
     files = _rendered_files(run, "dev-use1-llm-router")
-    assert "error_page" not in files["nginx.conf"], "no economy entry: no overflow route"
+    assert "use_backend ovf-" not in files["haproxy.cfg"], "no economy entry: no overflow route"
     assert validate_core_objects(run) > 0
 
 
 BROKEN = [
-    ("latest-image", "prod", lambda c: c.__setitem__(P + "router", {"image": "nginx:latest"}), ["router.image", "pin the image"]),
+    ("latest-image", "prod", lambda c: c.__setitem__(P + "router", {"image": "haproxy:latest"}), ["router.image", "pin the image"]),
     ("port-clash", "prod", lambda c: c.__setitem__(P + "router", {"port": 9145}), ["router", "must differ"]),
+    ("cpu-over-threads", "prod", lambda c: c.__setitem__(P + "router", {"threads": 1, "cpu_millicores": 1500}),
+     ["router", "cpu_millicores", "threads"]),
+    ("affinity-unknown-model", "prod", lambda c: c.__setitem__(P + "router", {"affinity": {"nope": {}}}),
+     ["router.affinity.nope", "no model entry"]),
+    ("settle-shorter-than-agent", "prod", lambda c: c.__setitem__(P + "router", {"agent_interval_ms": 4000}),
+     ["drain.readiness_settle_s", "agent intervals", "router.agent_interval_ms"]),
 ]
 
 
@@ -161,3 +197,24 @@ def test_bad_router_config_fails_before_any_resource(case_id, stack, mutate, fra
     mutate(cfg)
     run = run_program(stack, cfg, raise_errors=False)
     assert_config_error(run, case_id, fragments)
+
+
+def test_every_routed_replica_answers_the_agent_port_the_router_asks(prod_run):
+    """The seam between the two domains: the controller adds each server with `agent-port` from
+    routes.json; the replica's drain sidecar listens there (AGENT_PORT) with its own batch size."""
+    routes = json.loads(_rendered_files(prod_run, "prod-use1-llm-router")["routes.json"])
+    ports = {b["service"]: (b["agent_port"], b["maxconn"]) for b in routes["backends"]}
+    seen = set()
+    for r in prod_run.kubernetes_objects():
+        m = manifest(r)
+        if m.get("kind") != "Deployment":
+            continue
+        model = m["spec"]["template"]["metadata"]["labels"].get("gpuinfra.io/model")
+        if model not in ports:
+            continue
+        (side,) = [c for c in m["spec"]["template"]["spec"]["initContainers"] if c["name"] == "spot-drain"]
+        env = {e["name"]: e.get("value") for e in side["env"]}
+        assert (int(env["AGENT_PORT"]), int(env["AGENT_MAX_NUM_SEQS"])) == ports[model], r.name
+        assert {"name": "agent", "containerPort": ports[model][0], "protocol": "TCP"} in side["ports"]
+        seen.add(model)
+    assert seen == set(ports), seen

@@ -20,7 +20,7 @@ class PrebuiltImages(Base):
     agent: str
     """The eBPF agent image (built from bpf/Dockerfile), by digest: `registry/name@sha256:<64 hex>`."""
     runtime: str
-    """The runtime image (built from runtime/Dockerfile: drain sidecar, pre-warm, router watcher), by
+    """The runtime image (built from runtime/Dockerfile: drain sidecar, pre-warm, router controller), by
     digest: `registry/name@sha256:<64 hex>`."""
 
     @field_validator("agent", "runtime")

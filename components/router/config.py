@@ -9,38 +9,60 @@ from pydantic import Field, field_validator, model_validator
 from components.config_types import Base, Duration, Port, image_unpinned
 from components.serving.config import ModelConfig
 
-NGINX_IMAGE = "docker.io/library/nginx:1.28.0@sha256:eaa7e36decc3421fc04478c586dfea0d931cebe47d5bc0b15d758a32ba51126f"
-"""The official nginx image, pinned by digest (1.28.0 is the stable line's tag that
-nginx/docker-nginx's `stable/` Dockerfiles build from; docs/serving.md; the digest is the one
-pulumi-docker's `RemoteImage` docs give for that tag). Its Dockerfile sets STOPSIGNAL SIGQUIT."""
+HAPROXY_IMAGE = "docker.io/library/haproxy:2.6.34@sha256:82c023b4f99e2090b14dbe7f04b0590b4e0af608f7c29cedcabf25c34fb066cd"
+"""The official HAProxy image, 2.6 LTS, pinned by its index digest (docker-library/repo-info
+repos/haproxy/remote/2.6.34.md at commit 0ed0a0ed: USE_PROMEX=1, USER haproxy (uid 99), STOPSIGNAL
+SIGUSR1). The tests run Debian 12's 2.6.12 with the same rendered file; docs/serving.md lists the
+features relied on and that both have them."""
+
+
+class AffinityConfig(Base):
+    """Prefix affinity with bounded load for one model (HAProxy `balance hash` with
+    `hash-type consistent` and `hash-balance-factor`)."""
+
+    prefix_bytes: int = Field(256, ge=16, le=8192)
+    """Hash the first bytes of the request body: requests whose JSON starts the same (same model
+    field, same prompt start) go to the same replica, whose prefix cache then holds it."""
+    header: Optional[str] = Field(None, pattern=r"^[A-Za-z0-9-]{1,64}$")
+    """Hash this request header instead (e.g. a conversation id a client sets)."""
+    balance_factor: int = Field(150, ge=101, le=1000)
+    """A replica takes at most this % of the average in-flight load; past it the next replica on
+    the ring takes the request (HAProxy's bounded-load consistent hashing)."""
 
 
 class RouterConfig(Base):
     enabled: Optional[bool] = None
     """Deploy the router. Unset: on in every cluster where a primary model's `overflow_to` economy
     entry is placed too; `true`: on every cluster that serves a model; `false`: off."""
-    image: str = NGINX_IMAGE
-    """The nginx image (the endpoint watcher beside it runs the stack's runtime image)."""
+    image: str = HAPROXY_IMAGE
+    """The HAProxy image (2.6 or a later LTS that accepts the same configuration); the controller
+    beside it runs the stack's runtime image (runtime/haproxy_ctl.py)."""
     port: Port = 8080
     """The port clients connect to (`http://gpuinfra-router.<ns>.svc:<port>/<model>/v1`)."""
     metrics_port: Port = 9145
-    """The watcher's /metrics and /ready."""
-    log_port: Port = 9514
-    """Loopback UDP port nginx sends its JSON access log to (syslog); the watcher counts it."""
+    """HAProxy's Prometheus exporter (requests, sessions, queue, retries per backend and server)."""
+    controller_port: Port = 9146
+    """The controller's /metrics and /ready."""
     max_tries: int = Field(2, ge=1, le=5)
-    """Upstream attempts per tier (`proxy_next_upstream_tries`): at most this many primary replicas,
-    then at most this many economy replicas; never after the first byte of a response."""
-    keepalive: int = Field(16, ge=0, le=1024)
-    """Idle keep-alive connections per upstream per worker (0: a new connection per request)."""
+    """Attempts per request within the chosen tier (`retries` = this - 1, each on another replica);
+    never after the first byte of a response, never across tiers."""
+    agent_interval_ms: int = Field(500, ge=100, le=10000)
+    """How often every router asks each replica's sidecar for its load (`agent-inter`): the
+    routers agree on a replica's load and drain within this."""
+    threads: int = Field(2, ge=1, le=64)
+    """HAProxy threads (`nbthread`); also the container's CPU limit in cores, so the threads never
+    outnumber the CPU time they may use (HAProxy would otherwise count the node's CPUs)."""
+    cpu_millicores: int = Field(500, ge=50, le=64000)
+    """HAProxy CPU request."""
+    memory_mib: int = Field(256, ge=96, le=16384)
+    """HAProxy memory request == limit; `maxconn` and `-m` are derived from it."""
     settle_s: int = Field(5, ge=0, le=60)
-    """preStop wait for the router pod's endpoint removal to reach every client before nginx stops
-    taking connections."""
-    cpu_millicores: int = Field(500, ge=50, le=16000)
-    """nginx CPU request (no CPU limit: throttling would add latency to every token)."""
-    memory_mib: int = Field(256, ge=64, le=16384)
-    """nginx memory request == limit."""
+    """preStop wait for the router pod's endpoint removal to reach every client before HAProxy
+    stops taking connections (a soft stop: open streams finish)."""
+    affinity: dict[str, AffinityConfig] = {}
+    """Per model entry name: route by prompt prefix with bounded load instead of same-node first."""
     overflow_alert_ratio: float = Field(0.25, gt=0, le=1)
-    """Alert when more than this share of a model's requests is served by its economy tier..."""
+    """Alert when more than this share of a primary model's requests goes to its economy tier..."""
     overflow_alert_for: Duration = "15m"
     """...for this long."""
 
@@ -53,10 +75,12 @@ class RouterConfig(Base):
 
     @model_validator(mode="after")
     def _ports(self):
-        if len({self.port, self.metrics_port, self.log_port}) != 3:
+        if len({self.port, self.metrics_port, self.controller_port}) != 3:
             raise ValueError(
-                f"port, metrics_port, log_port: {self.port}, {self.metrics_port}, {self.log_port} must differ"
+                f"port, metrics_port, controller_port: {self.port}, {self.metrics_port}, {self.controller_port} must differ"
             )
+        if self.threads * 1000 < self.cpu_millicores:
+            raise ValueError(f"cpu_millicores: {self.cpu_millicores} exceeds threads x 1000 ({self.threads * 1000}), the CPU limit")
         return self
 
 

@@ -1,19 +1,26 @@
-"""Pure deciders for the router's PrometheusRule (sustained overflow, no primary capacity) and its
-Grafana dashboard row. Metric names are the ones runtime/watcher.py exports."""
+"""Pure deciders for the router's PrometheusRule (sustained overflow, errors) and its Grafana
+dashboard row. Request metrics are HAProxy's own Prometheus exporter's (per backend: `<model>`
+is a model's own replicas, `ovf-<model>` the economy replicas taking a primary's overflow); the
+controller's are runtime/haproxy_ctl.py's. Overflow is counted only for primaries: the economy
+entry's own clients use its own backend and never count as overflow."""
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Sequence
 
 from components.router.config import RouterConfig
+from components.router.haproxy_cfg import OVERFLOW_PREFIX
 from components.router.specs import APP_NAME
 
-REQUESTS = "gpuinfra_router_requests_total"
-UPSTREAM = "gpuinfra_router_upstream_responses_total"
-RETRIES = "gpuinfra_router_retries_total"
-OVERFLOW = "gpuinfra_router_overflow_total"
-NO_CAPACITY = "gpuinfra_router_no_capacity_total"
+REQUESTS = "haproxy_backend_http_requests_total"
+RESPONSES = "haproxy_backend_http_responses_total"
+RETRIES = "haproxy_backend_retry_warnings_total"
+REDISPATCHES = "haproxy_backend_redispatch_warnings_total"
+QUEUE = "haproxy_backend_current_queue"
+SESSIONS = "haproxy_backend_current_sessions"
+SERVERS = "gpuinfra_router_servers"
+CHANGES = "gpuinfra_router_server_changes_total"
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 
 
@@ -21,48 +28,49 @@ def _sel(namespace: str) -> str:
     return f'namespace="{namespace}",job="{APP_NAME}"'
 
 
-def overflow_ratio_expr(namespace: str, window: str = "5m") -> str:
-    sel = _sel(namespace)
-    return (
-        f'sum by (model) (rate({REQUESTS}{{{sel},tier="economy"}}[{window}])) / '
-        f"sum by (model) (rate({REQUESTS}{{{sel}}}[{window}]))"
-    )
+def _by_model(expr: str, strip_prefix: str = "") -> str:
+    return f'sum by (model) (label_replace({expr}, "model", "$1", "proxy", "{strip_prefix}(.+)"))'
 
 
-def prometheus_rule_spec(rc: RouterConfig, namespace: str) -> dict[str, Any]:
+def overflow_ratio_expr(namespace: str, primaries: Sequence[str], window: str = "5m") -> str:
+    """Share of each overflowing primary's requests that went to its economy tier."""
     sel = _sel(namespace)
-    ratio = overflow_ratio_expr(namespace)
-    return {
-        "groups": [{
-            "name": f"{APP_NAME}.rules",
-            "rules": [
-                {
-                    "alert": "GpuinfraRouterOverflowSustained",
-                    "expr": f"({ratio}) > {rc.overflow_alert_ratio:g}",
-                    "for": rc.overflow_alert_for,
-                    "labels": {"severity": "warning"},
-                    "annotations": {
-                        "summary": "{{ $labels.model }}: the economy tier serves a sustained share of requests",
-                        "description": (
-                            f"More than {rc.overflow_alert_ratio:.0%} of {{{{ $labels.model }}}}'s requests went to the "
-                            f"economy tier for {rc.overflow_alert_for}: the primary replicas are at max_num_seqs "
-                            "or failing; scale the primary or raise its max_replicas."
-                        ),
-                    },
-                },
-                {
-                    "alert": "GpuinfraRouterUpstreamErrors",
-                    "expr": f'sum by (model) (rate({REQUESTS}{{{sel},code=~"5.."}}[5m])) > 0',
-                    "for": "10m",
-                    "labels": {"severity": "critical"},
-                    "annotations": {
-                        "summary": "{{ $labels.model }}: the router answers 5xx after every tier",
-                        "description": "Requests failed on every primary and economy replica tried.",
-                    },
-                },
-            ],
-        }]
-    }
+    names = "|".join(sorted(primaries))
+    ovf = _by_model(f'rate({REQUESTS}{{{sel},proxy=~"{OVERFLOW_PREFIX}({names})"}}[{window}])', OVERFLOW_PREFIX)
+    own = _by_model(f'rate({REQUESTS}{{{sel},proxy=~"{names}"}}[{window}])')
+    return f"{ovf} / ({ovf} + {own})"
+
+
+def prometheus_rule_spec(rc: RouterConfig, namespace: str, primaries: Sequence[str]) -> dict[str, Any]:
+    """`primaries`: the models on this cluster that overflow to an economy entry."""
+    sel = _sel(namespace)
+    rules: list[dict[str, Any]] = []
+    if primaries:
+        rules.append({
+            "alert": "GpuinfraRouterOverflowSustained",
+            "expr": f"({overflow_ratio_expr(namespace, primaries)}) > {rc.overflow_alert_ratio:g}",
+            "for": rc.overflow_alert_for,
+            "labels": {"severity": "warning"},
+            "annotations": {
+                "summary": "{{ $labels.model }}: the economy tier serves a sustained share of requests",
+                "description": (
+                    f"More than {rc.overflow_alert_ratio:.0%} of {{{{ $labels.model }}}}'s requests went to the "
+                    f"economy tier for {rc.overflow_alert_for}: every primary replica reported a full batch or "
+                    "was draining; scale the primary or raise its max_replicas."
+                ),
+            },
+        })
+    rules.append({
+        "alert": "GpuinfraRouterUpstreamErrors",
+        "expr": f'sum by (proxy) (rate({RESPONSES}{{{sel},code="5xx"}}[5m])) > 0',
+        "for": "10m",
+        "labels": {"severity": "critical"},
+        "annotations": {
+            "summary": "{{ $labels.proxy }}: the router answers 5xx after its retries",
+            "description": "Requests failed on every replica tried in this backend (or timed out).",
+        },
+    })
+    return {"groups": [{"name": f"{APP_NAME}.rules", "rules": rules}]}
 
 
 def _panel(pid: int, title: str, targets: list[tuple[str, str]], unit: str, x: int, y: int) -> dict[str, Any]:
@@ -75,17 +83,23 @@ def _panel(pid: int, title: str, targets: list[tuple[str, str]], unit: str, x: i
     }
 
 
-def dashboard(namespace: str) -> dict[str, Any]:
+def dashboard(namespace: str, primaries: Sequence[str] = ()) -> dict[str, Any]:
     sel = _sel(namespace)
+    overflow = ([(overflow_ratio_expr(namespace, primaries), "{{model}} overflow share")] if primaries else [])
     panels = [
         {"id": 1, "type": "row", "title": "Router", "collapsed": False, "gridPos": {"h": 1, "w": 24, "x": 0, "y": 0}, "panels": []},
-        _panel(2, "Requests by tier", [(f"sum by (model, tier) (rate({REQUESTS}{{{sel}}}[5m]))", "{{model}} {{tier}}")], "reqps", 0, 1),
-        _panel(3, "Upstream status", [(f"sum by (model, tier, status) (rate({UPSTREAM}{{{sel}}}[5m]))", "{{model}} {{tier}} {{status}}")], "reqps", 8, 1),
-        _panel(4, "Retries and overflow", [
-            (f"sum by (model) (rate({RETRIES}{{{sel}}}[5m]))", "{{model}} retries"),
-            (f"sum by (model) (rate({OVERFLOW}{{{sel}}}[5m]))", "{{model}} overflow"),
-            (f"sum by (model, tier) (rate({NO_CAPACITY}{{{sel}}}[5m]))", "{{model}} {{tier}} at cap"),
-        ], "reqps", 16, 1),
+        _panel(2, "Requests by backend", [(f"sum by (proxy) (rate({REQUESTS}{{{sel}}}[5m]))", "{{proxy}}")], "reqps", 0, 1),
+        _panel(3, "Responses by class", [(f"sum by (proxy, code) (rate({RESPONSES}{{{sel}}}[5m]))", "{{proxy}} {{code}}")],
+               "reqps", 8, 1),
+        _panel(4, "Retries, queue, overflow", [
+            (f"sum by (proxy) (rate({RETRIES}{{{sel}}}[5m]))", "{{proxy}} retries"),
+            (f"sum by (proxy) (rate({REDISPATCHES}{{{sel}}}[5m]))", "{{proxy}} redispatches"),
+            (f"sum by (proxy) ({QUEUE}{{{sel}}})", "{{proxy}} queued"),
+            *overflow,
+        ], "short", 16, 1),
+        _panel(5, "Replicas in rotation", [(f"sum by (backend, locality) ({SERVERS}{{{sel}}})", "{{backend}} {{locality}}"),
+                                           (f"sum by (backend, action) (rate({CHANGES}{{{sel}}}[5m]))", "{{backend}} {{action}}")],
+               "short", 0, 9),
     ]
     return {
         "uid": f"router-{namespace}"[:40], "title": f"gpuinfra router ({namespace})", "schemaVersion": 39,
@@ -95,5 +109,5 @@ def dashboard(namespace: str) -> dict[str, Any]:
     }
 
 
-def dashboard_json(namespace: str) -> str:
-    return json.dumps(dashboard(namespace), indent=1, sort_keys=True)
+def dashboard_json(namespace: str, primaries: Sequence[str] = ()) -> str:
+    return json.dumps(dashboard(namespace, primaries), indent=1, sort_keys=True)

@@ -1,9 +1,9 @@
-"""Router: nginx on every GPU node in front of one cluster's model replicas.
+"""Router: HAProxy on every GPU node in front of one cluster's model replicas.
 
-A DaemonSet (nginx + the endpoint watcher as a native sidecar), a cluster-wide Service and a
+A DaemonSet (HAProxy + the controller as a native sidecar), a cluster-wide Service and a
 node-local one (`internalTrafficPolicy: Local`), a ServiceAccount with a Role that only reads
-EndpointSlices, a PDB, a ServiceMonitor, a PrometheusRule and a dashboard ConfigMap. Every document
-comes from `specs`, `nginx_conf` or `monitoring`; this class only wires resources.
+EndpointSlices, a ServiceMonitor, a PrometheusRule and a dashboard ConfigMap; no PDB (specs).
+Every document comes from `specs`, `haproxy_cfg` or `monitoring`; this class only wires resources.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from components.router.specs import (
     APP_NAME,
     LOCAL_SERVICE,
     config_files,
+    overflowing,
     daemonset_spec,
     object_labels,
-    pdb_spec,
     role_rules,
     service_labels,
     service_monitor_spec,
@@ -46,7 +46,7 @@ class RouterArgs:
     observability: ObservabilityConfig
     labels: dict[str, str]
     runtime_image: pulumi.Input[str]
-    """The runtime image by digest (ProjectImages.refs["runtime"]): the endpoint watcher."""
+    """The runtime image by digest (ProjectImages.refs["runtime"]): the router's controller."""
 
 
 class Router(pulumi.ComponentResource):
@@ -61,6 +61,7 @@ class Router(pulumi.ComponentResource):
         rc, o = args.config, args.observability
         # Decide everything before the first child, so a bad input registers nothing.
         files = config_files(rc, args.models)
+        primaries = overflowing(rc, args.models)
         ds = daemonset_spec(rc, args.models, args.gpu_pools, args.labels, args.runtime_image)
         labels = object_labels(args.labels)
         after = inherited_depends_on(opts)
@@ -91,7 +92,6 @@ class Router(pulumi.ComponentResource):
                 spec=service_spec(rc, local),
                 opts=child,
             )
-        k8s.policy.v1.PodDisruptionBudget(f"{name}-pdb", metadata=meta(APP_NAME), spec=pdb_spec(), opts=child)
         release = {"release": o.prometheus_release_label}
         k8s.apiextensions.CustomResource(
             f"{name}-servicemonitor", api_version="monitoring.coreos.com/v1", kind="ServiceMonitor",
@@ -99,12 +99,12 @@ class Router(pulumi.ComponentResource):
         )
         k8s.apiextensions.CustomResource(
             f"{name}-rules", api_version="monitoring.coreos.com/v1", kind="PrometheusRule",
-            metadata=meta(APP_NAME, release), spec=ns.apply(lambda n: prometheus_rule_spec(rc, n)), opts=child,
+            metadata=meta(APP_NAME, release), spec=ns.apply(lambda n: prometheus_rule_spec(rc, n, primaries)), opts=child,
         )
         if o.grafana_dashboards:
             k8s.core.v1.ConfigMap(
                 f"{name}-dashboard", metadata=meta(f"{APP_NAME}-dashboard", DASHBOARD_LABEL),
-                data=ns.apply(lambda n: {"gpuinfra-router.json": dashboard_json(n)}), opts=child,
+                data=ns.apply(lambda n: {"gpuinfra-router.json": dashboard_json(n, primaries)}), opts=child,
             )
 
         self.service_name = APP_NAME

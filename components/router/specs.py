@@ -1,5 +1,9 @@
 """Pure deciders for the router's objects on one cluster: which models it routes and how, the
-ConfigMap, the DaemonSet (nginx + the endpoint watcher), the Services, RBAC, PDB, ServiceMonitor."""
+ConfigMap (haproxy.cfg, the capacity map, the controller's table), the DaemonSet (HAProxy + the
+controller), the Services, RBAC, ServiceMonitor. No PodDisruptionBudget: a PDB over DaemonSet
+pods reports `disruptionsAllowed: 0` (DaemonSets have no scale subresource, so the disruption
+controller cannot compute an expected count; docs/serving.md), which blocks every eviction and
+with it Karpenter's drain and consolidation of a GPU node."""
 
 from __future__ import annotations
 
@@ -9,74 +13,103 @@ from typing import Any, Optional, Sequence
 
 from components.agent.daemonset_spec import gpu_node_affinity, gpu_tolerations
 from components.platform.cluster_handle import GpuPoolInfo
+from components.router import haproxy_cfg
 from components.router.config import RouterConfig, router_enabled
-from components.router.nginx_conf import NginxSettings, Route, render_nginx_conf
-from components.serving.config import ModelConfig
+from components.router.haproxy_cfg import Affinity, Route
+from components.serving.config import ModelConfig, agent_port
 from components.serving.pod_spec import HTTP_PORT_NAME
 
 APP_NAME = "gpuinfra-router"
 LOCAL_SERVICE = f"{APP_NAME}-local"
 CONFIG_DIR = "/etc/router"
 RUN_DIR = "/run/router"
-TEMP_DIR = "/tmp/nginx"
-TOKEN_DIR = "/var/run/secrets/router"
-RUN_AS = 101
-"""The `nginx` user of the official image; the watcher runs as the same UID so it may signal nginx."""
+RUNTIME_DIR = "/opt/gpuinfra/runtime"
+"""Where the runtime image keeps the code the pods run (runtime/Dockerfile)."""
+RUN_AS = 99
+"""The `haproxy` user of the official image; the controller runs as the same UID and group, so
+both may use the runtime API socket in the shared emptyDir."""
 SHUTDOWN_MARGIN_S = 5
-WATCHER_SCRIPT = "/opt/gpuinfra/runtime/watcher.py"
-"""Where runtime/Dockerfile puts the watcher in the runtime image."""
 HTTP_PORT = "http"
 METRICS_PORT = "metrics"
+CONTROLLER_PORT = "controller"
+PER_CONN_KIB = 2 * 16 + 16
+"""Memory per open stream: two 16 KiB buffers (tune.bufsize) and the session, connection and
+HTX structures."""
+BASE_MIB = 48
+"""HAProxy's own memory before any connection (pools, Lua, the exporter), with headroom."""
 
 
 # ---- what is routed -------------------------------------------------------------------------------
 
 
-def routes(models: Sequence[ModelConfig]) -> list[Route]:
+def routes(rc: RouterConfig, models: Sequence[ModelConfig]) -> list[Route]:
     """One route per model entry on the cluster; a primary with its economy entry there overflows."""
     names = {m.name for m in models}
-    return [
-        Route(model=m.name, primary=m.name, economy=m.overflow_to if m.overflow_to in names else None, tier=m.tier)
-        for m in models
-    ]
+    out = []
+    for m in models:
+        a = rc.affinity.get(m.name)
+        aff = Affinity(a.prefix_bytes, a.header, a.balance_factor) if a else None
+        out.append(Route(m.name, m.overflow_to if m.overflow_to in names else None, aff))
+    return out
+
+
+def overflowing(rc: RouterConfig, models: Sequence[ModelConfig]) -> list[str]:
+    """The primaries on the cluster whose overflow goes to an economy entry there."""
+    return [r.model for r in routes(rc, models) if r.economy]
 
 
 def max_conns(m: ModelConfig) -> int:
-    """Requests one replica runs at once: its `--max-num-seqs` slots. vLLM queues what it cannot run
-    (answering 503 only past `--max-num-queued-reqs`), so the router's cap is what sends a full
-    replica's next request to another replica or the economy tier instead of its queue."""
+    """Requests one replica runs at once: its `--max-num-seqs` slots (the per-router safety net;
+    the replica's own report through the agent check is what every router shares)."""
     return m.engine.max_num_seqs
-
-
-def upstreams(models: Sequence[ModelConfig]) -> list[dict[str, Any]]:
-    """The watcher's routes.json entries (runtime/watcher.py `Upstream`): one per model entry, the
-    replicas of its tier Service (named after the entry) on vLLM's HTTP port."""
-    return [{"name": m.name, "service": m.name, "port_name": HTTP_PORT_NAME, "max_conns": max_conns(m)} for m in models]
 
 
 def longest_stream_s(models: Sequence[ModelConfig]) -> int:
     return max(m.drain.max_request_s for m in models)
 
 
-def nginx_settings(rc: RouterConfig, models: Sequence[ModelConfig]) -> NginxSettings:
+def controller_routes(rc: RouterConfig, models: Sequence[ModelConfig]) -> dict[str, Any]:
+    """The controller's table (runtime/haproxy_ctl.py `Routes`): each backend, the Service that
+    feeds it, the replicas' port, agent port and slots."""
+    by_name = {m.name: m for m in models}
+    rs = routes(rc, models)
+    aff = {r.model: r.affinity for r in rs}
+    backends = [
+        {"name": b, "service": svc, "port_name": HTTP_PORT_NAME, "agent_port": agent_port(by_name[svc]),
+         "maxconn": max_conns(by_name[svc]), "local_first": aff.get(b) is None,
+         "capacity": not b.startswith(haproxy_cfg.OVERFLOW_PREFIX)}
+        for b, svc in haproxy_cfg.backends(rs)
+    ]
+    return {"backends": backends, "agent_inter_ms": rc.agent_interval_ms,
+            "removal_timeout_s": longest_stream_s(models) + SHUTDOWN_MARGIN_S, "caps_map": f"{CONFIG_DIR}/caps.map"}
+
+
+def maxconn(rc: RouterConfig) -> int:
+    """Streams HAProxy holds at once within its memory limit."""
+    return max(64, (rc.memory_mib - BASE_MIB) * 1024 // PER_CONN_KIB)
+
+
+def memory_cap_mib(rc: RouterConfig) -> int:
+    """HAProxy's own allocation cap (`-m`): below the container limit, so HAProxy refuses a
+    connection before the kernel kills the container."""
+    return rc.memory_mib - 16
+
+
+def settings(rc: RouterConfig, models: Sequence[ModelConfig]) -> haproxy_cfg.Settings:
     longest = longest_stream_s(models)
-    return NginxSettings(
-        port=rc.port,
-        upstreams_path=f"{RUN_DIR}/upstreams.conf",
-        pid_path=f"{RUN_DIR}/nginx.pid",
-        temp_dir=TEMP_DIR,
-        log_port=rc.log_port,
-        # A reload or a stop lets old workers finish the longest stream, then closes what is left.
-        worker_shutdown_timeout_s=longest + SHUTDOWN_MARGIN_S,
-        read_timeout_s=longest,
-        max_tries=rc.max_tries,
+    return haproxy_cfg.Settings(
+        port=rc.port, metrics_port=rc.metrics_port, socket_path=f"{RUN_DIR}/haproxy.sock",
+        caps_map_path=f"{CONFIG_DIR}/caps.map", threads=rc.threads, maxconn=maxconn(rc), timeout_s=longest,
+        hard_stop_s=longest + SHUTDOWN_MARGIN_S, retries=rc.max_tries - 1,
     )
 
 
 def config_files(rc: RouterConfig, models: Sequence[ModelConfig]) -> dict[str, str]:
+    rs = routes(rc, models)
     return {
-        "nginx.conf": render_nginx_conf(routes(models), nginx_settings(rc, models)),
-        "routes.json": json.dumps({"upstreams": upstreams(models), "keepalive": rc.keepalive}, indent=1, sort_keys=True),
+        "haproxy.cfg": haproxy_cfg.render(rs, settings(rc, models)),
+        "caps.map": haproxy_cfg.caps_map(rs),
+        "routes.json": json.dumps(controller_routes(rc, models), indent=1, sort_keys=True),
     }
 
 
@@ -85,7 +118,7 @@ def config_hash(files: dict[str, str]) -> str:
 
 
 def termination_grace_s(rc: RouterConfig, models: Sequence[ModelConfig]) -> int:
-    return rc.settle_s + nginx_settings(rc, models).worker_shutdown_timeout_s + SHUTDOWN_MARGIN_S
+    return rc.settle_s + settings(rc, models).hard_stop_s + SHUTDOWN_MARGIN_S
 
 
 # ---- documents ------------------------------------------------------------------------------------
@@ -116,65 +149,63 @@ def _http_probe(path: str, port: str, period_s: int, failures: int) -> dict[str,
     return {"httpGet": {"path": path, "port": port}, "periodSeconds": period_s, "timeoutSeconds": 2, "failureThreshold": failures}
 
 
-def nginx_container(rc: RouterConfig, models: Sequence[ModelConfig]) -> dict[str, Any]:
-    conf = f"{CONFIG_DIR}/nginx.conf"
-    # preStop: keep serving while this pod leaves the Services' endpoints, then QUIT (graceful:
-    # no new connections, streams finish within worker_shutdown_timeout); wait for the exit.
-    stop = f"sleep {rc.settle_s}; nginx -c {conf} -s quit; while [ -e {RUN_DIR}/nginx.pid ]; do sleep 1; done"
+def haproxy_container(rc: RouterConfig, models: Sequence[ModelConfig]) -> dict[str, Any]:
+    conf = f"{CONFIG_DIR}/haproxy.cfg"
+    # preStop: keep serving while this pod leaves the Services' endpoints, then a soft stop
+    # (SIGUSR1: stop listening, finish every stream, bounded by hard-stop-after); wait for it.
+    # The kubelet itself would send SIGTERM, HAProxy's hard stop.
+    stop = f"sleep {rc.settle_s}; kill -USR1 1; while kill -0 1 2>/dev/null; do sleep 1; done"
     return {
-        "name": "nginx",
+        "name": "haproxy",
         "image": rc.image,
         "imagePullPolicy": "IfNotPresent",
-        "command": ["nginx", "-e", "stderr", "-c", conf],
-        "ports": [{"name": HTTP_PORT, "containerPort": rc.port, "protocol": "TCP"}],
+        "command": ["haproxy", "-db", "-f", conf, "-m", str(memory_cap_mib(rc))],
+        "ports": [{"name": HTTP_PORT, "containerPort": rc.port, "protocol": "TCP"},
+                  {"name": METRICS_PORT, "containerPort": rc.metrics_port, "protocol": "TCP"}],
         "resources": {
             "requests": {"cpu": f"{rc.cpu_millicores}m", "memory": f"{rc.memory_mib}Mi"},
-            "limits": {"memory": f"{rc.memory_mib}Mi"},
+            "limits": {"cpu": str(rc.threads), "memory": f"{rc.memory_mib}Mi"},
         },
         "securityContext": _restricted(),
         "volumeMounts": [
             {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
             {"name": "run", "mountPath": RUN_DIR},
-            {"name": "temp", "mountPath": TEMP_DIR},
         ],
-        "readinessProbe": _http_probe("/healthz", HTTP_PORT, 5, 2),
-        "livenessProbe": _http_probe("/healthz", HTTP_PORT, 10, 3),
+        "readinessProbe": _http_probe(haproxy_cfg.HEALTH_PATH, HTTP_PORT, 5, 2),
+        "livenessProbe": _http_probe(haproxy_cfg.HEALTH_PATH, METRICS_PORT, 10, 3),
         "lifecycle": {"preStop": {"exec": {"command": ["/bin/sh", "-c", stop]}}},
     }
 
 
-def watcher_container(rc: RouterConfig, runtime_image: Any) -> dict[str, Any]:
-    """A native sidecar (an initContainer that keeps running): it writes the first upstreams before
-    nginx starts (its startupProbe is /ready) and stops after nginx on termination."""
+def controller_container(rc: RouterConfig, runtime_image: Any) -> dict[str, Any]:
+    """A native sidecar (an initContainer that keeps running): it starts before HAProxy and stops
+    after it. Its readiness is the first sync into HAProxy, so the pod is Ready only with servers."""
     env = [
         {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
         {"name": "ROUTER_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
-        {"name": "ROUTER_TOKEN_PATH", "value": f"{TOKEN_DIR}/token"},
-        {"name": "ROUTER_CA_PATH", "value": f"{TOKEN_DIR}/ca.crt"},
         {"name": "ROUTER_ROUTES", "value": f"{CONFIG_DIR}/routes.json"},
-        {"name": "ROUTER_UPSTREAMS", "value": f"{RUN_DIR}/upstreams.conf"},
-        {"name": "ROUTER_PID", "value": f"{RUN_DIR}/nginx.pid"},
-        {"name": "ROUTER_METRICS_PORT", "value": str(rc.metrics_port)},
-        {"name": "ROUTER_LOG_PORT", "value": str(rc.log_port)},
+        {"name": "ROUTER_SOCKET", "value": f"{RUN_DIR}/haproxy.sock"},
+        {"name": "ROUTER_METRICS_PORT", "value": str(rc.controller_port)},
         {"name": "PYTHONDONTWRITEBYTECODE", "value": "1"},
     ]
     return {
-        "name": "endpoint-watcher",
+        "name": "controller",
         "image": runtime_image,
         "imagePullPolicy": "IfNotPresent",
         "restartPolicy": "Always",
-        "command": ["python3", "-u", WATCHER_SCRIPT, "run"],
+        "command": ["python3", "-u", f"{RUNTIME_DIR}/haproxy_ctl.py", "run"],
         "env": env,
-        "ports": [{"name": METRICS_PORT, "containerPort": rc.metrics_port, "protocol": "TCP"}],
-        "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "128Mi"}},
+        "ports": [{"name": CONTROLLER_PORT, "containerPort": rc.controller_port, "protocol": "TCP"}],
+        "resources": {"requests": {"cpu": "50m", "memory": "96Mi"}, "limits": {"memory": "160Mi"}},
         "securityContext": _restricted(),
         "volumeMounts": [
             {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
             {"name": "run", "mountPath": RUN_DIR},
-            {"name": "api-token", "mountPath": TOKEN_DIR, "readOnly": True},
+            # The in-cluster config reads the token and CA from the default path.
+            {"name": "api-token", "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount", "readOnly": True},
         ],
-        "startupProbe": _http_probe("/ready", METRICS_PORT, 2, 90),
-        "livenessProbe": _http_probe("/healthz", METRICS_PORT, 10, 3),
+        "readinessProbe": _http_probe("/ready", CONTROLLER_PORT, 2, 2),
+        "livenessProbe": _http_probe("/healthz", CONTROLLER_PORT, 10, 3),
     }
 
 
@@ -182,10 +213,8 @@ def pod_spec(rc: RouterConfig, models: Sequence[ModelConfig], pools: Sequence[Gp
              runtime_image: Any) -> dict[str, Any]:
     return {
         "serviceAccountName": APP_NAME,
-        # Only the watcher gets a token (projected below); nginx never talks to the API.
+        # Only the controller gets a token (projected below); HAProxy never talks to the API.
         "automountServiceAccountToken": False,
-        # The watcher signals nginx's master (SIGHUP) to reload: same UID, one process namespace.
-        "shareProcessNamespace": True,
         "terminationGracePeriodSeconds": termination_grace_s(rc, models),
         "affinity": gpu_node_affinity(pools),
         "tolerations": gpu_tolerations(pools),
@@ -193,15 +222,15 @@ def pod_spec(rc: RouterConfig, models: Sequence[ModelConfig], pools: Sequence[Gp
             "runAsNonRoot": True, "runAsUser": RUN_AS, "runAsGroup": RUN_AS, "fsGroup": RUN_AS,
             "seccompProfile": {"type": "RuntimeDefault"},
         },
-        "initContainers": [watcher_container(rc, runtime_image)],
-        "containers": [nginx_container(rc, models)],
+        "initContainers": [controller_container(rc, runtime_image)],
+        "containers": [haproxy_container(rc, models)],
         "volumes": [
             {"name": "config", "configMap": {"name": APP_NAME}},
             {"name": "run", "emptyDir": {"medium": "Memory", "sizeLimit": "16Mi"}},
-            {"name": "temp", "emptyDir": {"sizeLimit": "1Gi"}},
             {"name": "api-token", "projected": {"sources": [
                 {"serviceAccountToken": {"path": "token", "expirationSeconds": 3600}},
                 {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+                {"downwardAPI": {"items": [{"path": "namespace", "fieldRef": {"fieldPath": "metadata.namespace"}}]}},
             ]}},
         ],
     }
@@ -210,7 +239,9 @@ def pod_spec(rc: RouterConfig, models: Sequence[ModelConfig], pools: Sequence[Gp
 def daemonset_spec(rc: RouterConfig, models: Sequence[ModelConfig], pools: Sequence[GpuPoolInfo],
                    platform_labels: dict[str, str], runtime_image: Any) -> dict[str, Any]:
     """One router per GPU node. Surge rollout: the new pod starts beside the old one (no host port),
-    the old one drains (preStop settle, then QUIT), so a node is never without a router."""
+    the old one drains (preStop settle, then a soft stop), so a node is never without a router.
+    The pod template changes (a rollout, HAProxy's only reload) only when the rendered files do:
+    when the set of models or the router's settings change, never when endpoints do."""
     files = config_files(rc, models)
     return {
         "selector": {"matchLabels": selector_labels()},
@@ -231,6 +262,7 @@ def service_spec(rc: RouterConfig, local: bool) -> dict[str, Any]:
     ports = [{"name": HTTP_PORT, "port": rc.port, "targetPort": HTTP_PORT, "protocol": "TCP"}]
     if not local:
         ports.append({"name": METRICS_PORT, "port": rc.metrics_port, "targetPort": METRICS_PORT, "protocol": "TCP"})
+        ports.append({"name": CONTROLLER_PORT, "port": rc.controller_port, "targetPort": CONTROLLER_PORT, "protocol": "TCP"})
     return {"type": "ClusterIP", "selector": selector_labels(), "ports": ports,
             "internalTrafficPolicy": "Local" if local else "Cluster"}
 
@@ -240,14 +272,11 @@ def role_rules() -> list[dict[str, Any]]:
     return [{"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]}]
 
 
-def pdb_spec() -> dict[str, Any]:
-    return {"maxUnavailable": 1, "selector": {"matchLabels": selector_labels()}, "unhealthyPodEvictionPolicy": "AlwaysAllow"}
-
-
 def service_monitor_spec() -> dict[str, Any]:
     return {
         "selector": {"matchLabels": {**selector_labels(), "gpuinfra.io/router-service": "cluster"}},
-        "endpoints": [{"port": METRICS_PORT, "path": "/metrics", "interval": "15s", "scrapeTimeout": "5s"}],
+        "endpoints": [{"port": p, "path": "/metrics", "interval": "15s", "scrapeTimeout": "5s"}
+                      for p in (METRICS_PORT, CONTROLLER_PORT)],
     }
 
 

