@@ -124,6 +124,9 @@ CASES: list[tuple[str, str, Callable[[dict[str, Any]], None], list[str]]] = [
      ["models[0].drain.termination_grace_period_s", ">= prestop_timeout_s + shutdown_timeout_s"]),
     ("overflow-to-missing", "prod", _set("models[0].overflow_to", "llama-cheap"),
      ["models[0].overflow_to", "no model named 'llama-cheap'"]),
+    # the Memory emptyDir behind /dev/shm counts against the pod's memory limit: equal is already too much
+    ("memory-equals-shm", "dev", _set("models[0].resources.shm_size_gib", 24),
+     ["models[0].resources.memory_gib", "must exceed shm_size_gib (24)"]),
     ("gated-without-token", "prod", lambda c: None,  # run without the offline token placeholder
      ["hf_token", "is gated", "pulumi config set --secret hf_token"]),
 ]
