@@ -102,7 +102,7 @@ bench: deps apt-deps e2e-deps
 # The mutation gate (tools/mutation_gate.py, docs/testing.md): mutmut over the safety-critical modules
 # against tests/mutation/baseline.json. CHANGED=1 re-runs only the targets whose inputs changed since
 # the baseline was recorded (what CI runs); RECORD=1 writes the survivors into the baseline.
-mutate: deps
+mutate: deps apt-deps policy-venv
 	$(PY) -m tools.mutation_gate $(if $(CHANGED),--changed) $(if $(RECORD),--record) $(if $(TARGET),--target $(TARGET))
 
 clean:
