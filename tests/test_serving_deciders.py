@@ -35,6 +35,7 @@ from components.serving.pod_spec import (
     node_affinity,
     pod_spec,
     prewarm_budget_bytes,
+    RUNTIME_DIR,
     runtime_files,
     served_slug,
     ENGINE_INIT_S,
@@ -387,13 +388,21 @@ def test_dashboard_uid_is_short_and_injective(ns, stem, t1, t2):
     assert (a == b) == (t1 == t2), (a, b)
 
 
-def test_runtime_ships_every_script_stdlib_only():
+def test_runtime_ships_every_script_and_imports_only_pinned_packages():
+    """The standard library, the shipped scripts, and what runtime/requirements.txt pins (the
+    `kubernetes` client and `prometheus_client`, which the vLLM image also has)."""
     files = runtime_files()
-    assert set(files) == {"drain.py", "deadline_http.py", "disruption.py", "prewarm.py"}
+    assert set(files) == {"drain.py", "sidecar.py", "deadline_http.py", "disruption.py", "prewarm.py"}
+    pinned = {"kubernetes": "kubernetes", "prometheus-client": "prometheus_client"}
+    reqs = (RUNTIME_DIR / "requirements.txt").read_text()
+    assert set(re.findall(r"^([a-z-]+)==", reqs, re.M)) == set(pinned)
     for name, text in files.items():
-        imports = re.findall(r"^(?:from|import) ([a-z_.]+)", text, re.M)
+        imports = re.findall(r"^\s*(?:from|import) ([a-z_.]+)", text, re.M)
         shipped = {f.removesuffix(".py") for f in files}
-        assert all(i.split(".")[0] in sys.stdlib_module_names | shipped or i == "__future__" for i in imports), (name, imports)
+        ok = sys.stdlib_module_names | shipped | set(pinned.values()) | {"__future__"}
+        assert all(i.split(".")[0] in ok for i in imports), (name, imports)
+    prestop_side = re.findall(r"^(?:from|import) ([a-z_.]+)", files["drain.py"], re.M)
+    assert "kubernetes" not in prestop_side, "the preStop runs in the vLLM image: no kubernetes client there"
 
 
 def test_prewarm_reads_weight_files_within_budget(tmp_path):

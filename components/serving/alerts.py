@@ -7,7 +7,8 @@ Metric names are the ones the pinned versions export:
 - the eBPF agent (bpf/agent/metrics.py): `ebpf_cuda_call_enqueue_seconds` histogram, label
   `call="cudaLaunchKernel"`, with the workload's `namespace`/`pod` labels;
 - the drain sidecar (runtime/drain.py): `gpuinfra_drain_in_progress{reason}`
-  (reason `spot`, `node` or `rollout`, read from the API by runtime/disruption.py).
+  (reason `spot`, `shutdown`, `pressure`, `preempted`, `node`, `rollout`, `restart` or `unknown`,
+  read from the API by runtime/disruption.py).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from components.serving.config import ModelConfig, Placement, model_budget
 from components.serving.vllm_args import VLLM_COMMAND, vllm_args
 
 RUNTIME_DIR = Path(__file__).resolve().parents[2] / "runtime"
-RUNTIME_FILES = ("drain.py", "deadline_http.py", "disruption.py", "prewarm.py")
+RUNTIME_FILES = ("drain.py", "sidecar.py", "deadline_http.py", "disruption.py", "prewarm.py")
 
 PYTHON_IMAGE = "python:3.11.17-slim-bookworm"
 """Stock image the drain sidecar and the pre-warm initContainer run in (stdlib only)."""
