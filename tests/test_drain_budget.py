@@ -32,7 +32,8 @@ CASES = [
     # (case, notice a pod gets, lead, max_request_s, queued, slots)
     ("AWS spot (120 s)", AWS_SPOT_NOTICE_S, AWS_LEAD_S, 60, 0, 64),
     ("AWS spot, queue of one round", AWS_SPOT_NOTICE_S, AWS_LEAD_S, 30, 64, 64),
-    ("GKE spot, 30 s notice", pod_shutdown_grace_s(GKE_DEFAULT_SPOT_NOTICE_S), 0, 5, 0, 64),
+    ("GKE spot, 30 s notice", pod_shutdown_grace_s(GKE_DEFAULT_SPOT_NOTICE_S), 0, 2, 0, 64),
+    ("GKE spot, 30 s notice", pod_shutdown_grace_s(GKE_DEFAULT_SPOT_NOTICE_S), 0, 10, 0, 64),
     ("GKE spot, 120 s notice", pod_shutdown_grace_s(120), 0, 60, 0, 64),
     ("on-demand, queue of three rounds", 0, 0, 60, 192, 64),
 ]
@@ -61,7 +62,7 @@ def test_every_part_of_the_spot_timeline_is_counted():
     b = drain_budget(120, AWS_LEAD_S, 5, 60, 0, 64)
     assert b.prestop_s == 5 + 60 + IDLE_CONFIRM_S
     assert b.grace_s == b.prestop_s + b.shutdown_s + VLLM_EXIT_S == 120 - AWS_LEAD_S
-    assert budget_problem(b) is None and b.margin_s == 120 - AWS_LEAD_S - b.prestop_s - VLLM_EXIT_S
+    assert budget_problem(b) is None and b.margin_s == 120 - AWS_LEAD_S - b.prestop_s
 
 
 def test_requests_admitted_during_the_settle_window_and_the_queue_are_in_the_prestop_wait():
@@ -71,18 +72,20 @@ def test_requests_admitted_during_the_settle_window_and_the_queue_are_in_the_pre
     assert b.shutdown_s == 60 and b.grace_s == b.prestop_s + 60 + VLLM_EXIT_S
 
 
-@pytest.mark.parametrize("req", [1, 10, 60, 94, 95, 120])
+@pytest.mark.parametrize("req", [1, 10, 60, 90, 97, 98, 120])
 def test_the_spot_rule_rejects_exactly_what_leaves_less_than_the_margin(req):
     b = drain_budget(120, AWS_LEAD_S, 5, req, 0, 64)
     rejected = budget_problem(b) is not None
-    assert rejected == (120 - AWS_LEAD_S - (5 + req + IDLE_CONFIRM_S + VLLM_EXIT_S) < SPOT_MARGIN_S), (req, b)
+    assert rejected == (120 - AWS_LEAD_S - (5 + req + IDLE_CONFIRM_S) < SPOT_MARGIN_S), (req, b)
     assert rejected == (req > max_request_that_fits(b))
+    if not rejected:
+        assert b.grace_s == 120 - AWS_LEAD_S and b.shutdown_s == max(b.grace_s - b.prestop_s - VLLM_EXIT_S, 0)
 
 
-def test_gke_default_notice_fits_no_stream():
-    """15 s for regular pods (30 s - 15 s critical) cannot hold settle + confirm + exit + margin."""
-    b = drain_budget(pod_shutdown_grace_s(GKE_DEFAULT_SPOT_NOTICE_S), 0, 5, 1, 0, 64)
-    assert budget_problem(b) is not None and max_request_that_fits(b) == 0
+def test_gke_default_notice_fits_only_the_shortest_streams():
+    """15 s for regular pods (30 s - 15 s critical) hold settle + confirm + margin + 2 s."""
+    b = drain_budget(pod_shutdown_grace_s(GKE_DEFAULT_SPOT_NOTICE_S), 0, 5, 3, 0, 64)
+    assert budget_problem(b) is not None and max_request_that_fits(b) == 2
 
 
 def _pool(**kw) -> AwsGpuPool:
@@ -101,7 +104,7 @@ def test_spot_nodepool_forces_a_pdb_blocked_pod_out_in_time_for_its_whole_grace(
     assert re.fullmatch(r"^([0-9]+(s|m|h))+$", tgp)
     t = int(tgp[:-1])
     assert t == nodepool_termination_grace_s("spot", AWS_SPOT_NOTICE_S)
-    for req in (1, 30, 60, 94):
+    for req in (1, 30, 60, 97):
         g = drain_budget(AWS_SPOT_NOTICE_S, AWS_LEAD_S, 5, req, 0, 64).grace_s
         deleted_at = AWS_NOTICE_TO_NODECLAIM_DELETE_S  # the NodeClaim's deletion, from the notice
         forced_at = deleted_at + t - g

@@ -69,8 +69,8 @@ def test_router_objects_validate_and_are_restricted(prod_run):
     # Runs on the GPU nodes (the pools' selectors) and tolerates their taint.
     terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
     assert terms and pod["tolerations"]
-    # Grace covers the preStop settle + the longest stream (prod: max_request_s 85).
-    assert pod["terminationGracePeriodSeconds"] >= 85 + 5
+    # Grace covers the preStop settle + the longest stream (prod: max_request_s 90).
+    assert pod["terminationGracePeriodSeconds"] >= 90 + 5
 
 
 def test_rbac_is_read_only_endpointslices(prod_run):
@@ -104,7 +104,7 @@ def test_prod_routes_caps_and_retries(prod_run):
     assert "proxy_next_upstream error http_429 http_500 http_502 http_503 http_504 non_idempotent;" in conf
     assert " timeout" not in conf.split("proxy_next_upstream ", 1)[1].split(";")[0]
     assert "proxy_next_upstream_tries 2;" in conf and "proxy_request_buffering on;" in conf
-    assert "worker_processes auto;" in conf and "worker_shutdown_timeout 90s;" in conf
+    assert "worker_processes auto;" in conf and "worker_shutdown_timeout 95s;" in conf
     assert files["watcher.py"] == Path(watcher.__file__).read_text()
 
 
