@@ -32,6 +32,7 @@ Reasons rise, never fall (a later read may only add evidence): unknown < restart
 
 from __future__ import annotations
 
+import json
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
@@ -111,13 +112,20 @@ class Api:
         each call within `deadline_s`, each failure counted once."""
         r = Reads()
         try:
-            api, core = self._client()
+            _api, core = self._client()
         except OSError:
             r.failed += list(CALLS)
             return r
         t = self.deadline_s
-        kw = {"_request_timeout": (t, t)}
-        doc = api.sanitize_for_serialization
+        # The raw JSON, not the client's models: the classifier reads a few fields as the API
+        # server wrote them, whatever a newer server adds or an older one leaves out.
+        kw = {"_request_timeout": (t, t), "_preload_content": False}
+
+        def doc(resp: Any) -> Any:
+            if resp.status != 200:
+                raise OSError(f"HTTP {resp.status}")
+            return json.loads(resp.data)
+
         results: dict[str, tuple[bool, Any]] = {}
         threads = [threading.Thread(target=lambda n=n, f=f: results.__setitem__(n, _bounded(f, t)), daemon=True)
                    for n, f in (("pod", lambda: doc(core.read_namespaced_pod(self.pod, self.namespace, **kw))),
