@@ -2,7 +2,7 @@
 
 The sidecar (runtime/sidecar.py) runs from the runtime image (runtime/requirements.txt: the
 official `kubernetes` client and `prometheus_client`); the preStop runs in the vLLM image's own
-python3, which has `prometheus_client` (a vLLM dependency) and needs nothing else.
+python3 and uses the standard library only (this file and deadline_http.py).
 
 Every drain is started by Kubernetes running the vLLM container's preStop: a rollout or scale-down
 deletes the pod; on a spot notice Karpenter's interruption queue drains the node (AWS) or the
@@ -131,16 +131,29 @@ class ConnectionRefused(Exception):
 
 
 def _samples(text: str) -> Optional[dict[str, list[float]]]:
-    """Sample values by name, through prometheus_client's own text parser; None if unparsable."""
-    from prometheus_client.parser import text_string_to_metric_families
-
+    """Sample values by name from Prometheus' text format (the standard library only: the preStop
+    runs this in the vLLM image); None if any sample line is malformed."""
     out: dict[str, list[float]] = {}
-    try:
-        for fam in text_string_to_metric_families(text):
-            for s in fam.samples:
-                out.setdefault(s.name, []).append(float(s.value))
-    except (ValueError, TypeError, IndexError):
-        return None
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        brace = line.find("{")
+        space = line.find(" ")
+        if brace != -1 and (space == -1 or brace < space):
+            end = line.rfind("}")
+            if end < brace:
+                return None
+            name, rest = line[:brace], line[end + 1:]
+        else:
+            name, _, rest = line.partition(" ")
+        fields = rest.split()
+        if not name or not fields or not all(c.isalnum() or c in "_:" for c in name):
+            return None
+        try:
+            out.setdefault(name, []).append(float(fields[0]))
+        except ValueError:
+            return None
     return out
 
 
