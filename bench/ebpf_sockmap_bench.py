@@ -32,12 +32,14 @@ REPO = os.path.dirname(BENCH)
 BPF = os.path.join(REPO, "bpf")
 sys.path.insert(0, BPF)
 sys.path.insert(0, BENCH)
+sys.path.insert(0, REPO)
 
 import cuda_probe_bench  # noqa: E402
 import sse_bench  # noqa: E402
 from agent.cgroups import find_cgroup2_mount  # noqa: E402
 from agent.libbpf import route_log_to_logging  # noqa: E402
 from agent.programs import SockRedir  # noqa: E402
+from tests.kernel_env import private_bpffs  # noqa: E402
 
 # Inside the bench's own network namespace: fixed ports cannot clash with anything else.
 PORTS = {"sockperf": (8000, 8001), "sse": (9000, 9001)}  # (accelerated, plain)
@@ -53,7 +55,7 @@ class Env:
         tag = uuid.uuid4().hex[:8]
         self.cgroup = os.path.join(root, f"gpuinfra-bench-{tag}")
         self.netns = f"gpuinfra-bench-{tag}"
-        self.pin_dir = f"/sys/fs/bpf/gpuinfra-bench-{tag}"
+        self.pin_dir = f"{private_bpffs()}/gpuinfra-bench-{tag}"
         self.cpu = cpu
         os.mkdir(self.cgroup)
         subprocess.run(["ip", "netns", "add", self.netns], check=True)

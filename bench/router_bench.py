@@ -109,7 +109,7 @@ def pods_part(n: int, rounds: int, warm: int = 10) -> int:
 
     rport = free_port()
     with pods.node() as nd, pods.agent(nd.pods_cgroup, [rport], tmp / "agent.log",
-                                       allow_clients="cgroup:client") as mport:
+                                       allow_clients="cgroup:client,cgroup:server") as mport:
         try:
             start(nd.server, [sys.executable, str(UPSTREAM_SCRIPT), "--host", nd.server.ip, "--port", str(rport),
                               "--name", "replica", "--journal", os.devnull, "--tokens", "2", "--token-delay", "0"],

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import pulumi
@@ -34,6 +34,8 @@ class LoadedConfig:
     hf_token: Optional[pulumi.Output[str]]
     kubeconfigs: dict[str, pulumi.Output[str]]
     """Secret kubeconfigs of `existing` clusters that take theirs from a config key, by cluster name."""
+    alert_secrets: dict[str, pulumi.Output[str]] = field(default_factory=dict)
+    """Secret config values the Alertmanager receivers read, by config key."""
 
 
 def _loc_to_path(loc: tuple[Any, ...]) -> str:
@@ -74,7 +76,7 @@ def format_validation_error(err: ValidationError, stack: str) -> str:
         msg = e["msg"].removeprefix("Value error, ")
         path = _loc_to_path(tuple(e["loc"]))
         if e["type"] == "extra_forbidden":
-            msg = "unknown key (not part of the config schema); check its spelling against the README"
+            msg = "unknown key (not part of the config schema); check its spelling against docs/config-reference.md"
         elif e["type"] == "missing":
             msg = "required key is missing"
         elif e["type"] == "union_tag_invalid":
@@ -88,7 +90,7 @@ def format_validation_error(err: ValidationError, stack: str) -> str:
 
 def parse_stack_config(raw: dict[str, Any], stack: str, secret_keys: set[str] = frozenset()) -> StackConfig:
     """Validate `raw` (config key without the project prefix -> decoded value)."""
-    allowed = set(StackConfig.model_fields) | _SECRET_KEYS_ALLOWED | _kubeconfig_keys(raw)
+    allowed = set(StackConfig.model_fields) | _SECRET_KEYS_ALLOWED | _kubeconfig_keys(raw) | alert_secret_keys(raw)
     unknown = sorted(k for k in raw if k not in allowed)
     if unknown:
         known = ", ".join(sorted(StackConfig.model_fields))
@@ -118,9 +120,30 @@ def parse_stack_config(raw: dict[str, Any], stack: str, secret_keys: set[str] = 
                     f"  - {c.kubeconfig_secret}: a kubeconfig must be a secret config value "
                     f"(`pulumi config set --secret`)"
                 )
+    for key in cfg.observability.alerting.secret_keys():
+        if key not in raw:
+            problems.append(
+                f"  - observability.alerting.receivers: secret config key '{key}' is not set; "
+                f"set it with `pulumi config set --secret {key} <value>`"
+            )
+        elif key not in secret_keys:
+            problems.append(f"  - {key}: an alert receiver's credential must be a secret; set it with `pulumi config set --secret`")
     if problems:
         raise ConfigError(_message(stack, problems))
     return cfg
+
+
+def alert_secret_keys(raw: dict[str, Any]) -> set[str]:
+    """Secret config keys the alert receivers name (`*_secret` fields), read from the raw config so
+    an unknown-key check never refuses them."""
+    obs = raw.get("observability")
+    receivers = ((obs or {}).get("alerting") or {}).get("receivers") if isinstance(obs, dict) else None
+    keys = set()
+    for r in receivers if isinstance(receivers, list) else []:
+        for spec in (r.values() if isinstance(r, dict) else ()):
+            if isinstance(spec, dict):
+                keys |= {v for k, v in spec.items() if k.endswith("_secret") and isinstance(v, str)}
+    return keys
 
 
 def _kubeconfig_keys(raw: dict[str, Any]) -> set[str]:
@@ -172,4 +195,6 @@ def load_stack_config() -> LoadedConfig:
         for c in cfg.clusters
         if isinstance(c, ExistingCluster) and c.kubeconfig_secret is not None
     }
-    return LoadedConfig(stack=cfg, hf_token=pcfg.get_secret(HF_TOKEN_KEY), kubeconfigs=kubeconfigs)
+    alert_secrets = {k: pcfg.require_secret(k) for k in cfg.observability.alerting.secret_keys()}
+    return LoadedConfig(stack=cfg, hf_token=pcfg.get_secret(HF_TOKEN_KEY), kubeconfigs=kubeconfigs,
+                        alert_secrets=alert_secrets)

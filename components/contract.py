@@ -26,6 +26,7 @@ from gpuinfra_contract.model import (
     ServedModel,
 )
 from components.platform.cluster_handle import ClusterHandle, GpuPoolInfo
+from components.platform.network_policy import SERVING_CLIENT_LABEL
 from components.serving.config import ModelConfig
 from components.stack_config import StackConfig
 
@@ -49,6 +50,8 @@ class ClusterFacts:
     spot_notice_s: int
     interruption_queue_arn: Optional[str] = None
     ebpf_agent_metrics_port: Optional[int] = None
+    serving_namespace: Optional[str] = None
+    client_namespace_labels: Optional[dict[str, str]] = None
 
 
 @dataclass(frozen=True)
@@ -86,7 +89,14 @@ def cluster_contract(c: ClusterFacts) -> Cluster:
         spot_notice_s=c.spot_notice_s,
         interruption_queue_arn=c.interruption_queue_arn or None,
         ebpf_agent_metrics_port=c.ebpf_agent_metrics_port,
+        serving_namespace=c.serving_namespace,
+        client_namespace_labels=dict(c.client_namespace_labels or serving_client_labels()),
     )
+
+
+def serving_client_labels() -> dict[str, str]:
+    """What the serving NetworkPolicy admits (components/platform/network_policy.py)."""
+    return {SERVING_CLIENT_LABEL: "true"}
 
 
 def endpoint_contract(e: EndpointFacts) -> ModelEndpoint:
@@ -166,6 +176,8 @@ def _facts(cfg: StackConfig, layers: dict[str, Any], v: dict[str, Any]) -> tuple
                 spot_notice_s=h.spot_notice_s,
                 interruption_queue_arn=v[f"{cname}|interruption_queue_arn"],
                 ebpf_agent_metrics_port=v[f"{cname}|agent_metrics_port"],
+                serving_namespace=cfg.namespaces.serving,
+                client_namespace_labels=serving_client_labels(),
             )
         )
         for model, placement in cfg.placements_on(cname):

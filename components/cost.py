@@ -1,10 +1,14 @@
-"""Per-stack GPU cost estimate: pure arithmetic over the config and the catalog's prices.
+"""Per-stack cost estimate: pure arithmetic over the config and the price tables.
 
 For every GPU pool: the hourly and monthly (730 h) cost at its least and max size, as planned
 (spot pools on spot, on-demand pools on-demand) and all on-demand, and the saving of the plan over
 all on-demand. Prices are per instance-hour from `components/data/gpu_catalog.yaml` (`prices:`);
-spot prices are typical values, so this is an estimate, not a bill. Only the GPU nodes are priced
-(no control plane, system nodes, disks, NAT or egress).
+spot prices are typical values, so this is an estimate, not a bill.
+
+Beside the GPU pools, each cluster's fixed platform bill (`platform_costs`): the control plane, NAT
+gateways and their public IPs, the system nodes, the KMS key, and load balancers (the stack creates
+none: every Service is ClusterIP), priced from `components/data/platform_prices.yaml`. Usage-priced
+items (NAT data processing, egress, disks, API requests) are left out and the docs say so.
 
 "At min" is the least the pool really runs: its `min_nodes`, or more when the models placed on it
 keep replicas up (`min_replicas`): each replica needs its TP x PP GPUs on one node, and replicas
@@ -14,10 +18,18 @@ of one model never share a node (the hard hostname spread).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
 from typing import Any, Iterable, Optional
 
+import yaml
+
+from components.aws.config import AwsCluster
+from components.aws.network import nat_gateway_count
 from components.catalog import Catalog, InstanceType, Price, load_catalog
 from components.existing.config import ExistingGpuPool
+from components.gcp.config import GcpCluster
+from components.gcp.specs import GKE_REGIONAL_DEFAULT_ZONES
 from components.serving.config import ModelConfig
 from components.stack_config import StackConfig
 
@@ -178,6 +190,117 @@ def estimate_stack_cost(cfg: StackConfig, catalog: Optional[Catalog] = None) -> 
 
 
 # ----------------------------------------------------------------------------------------------
+# The platform bill: what each cluster costs besides its GPU nodes
+# ----------------------------------------------------------------------------------------------
+
+PLATFORM_PRICES = Path(__file__).resolve().parent / "data" / "platform_prices.yaml"
+
+
+@lru_cache(maxsize=None)
+def platform_prices(path: Path = PLATFORM_PRICES) -> dict[str, Any]:
+    return yaml.safe_load(path.read_text())
+
+
+@dataclass(frozen=True)
+class PlatformItem:
+    cluster: str
+    item: str
+    at_min: int
+    """Units running when the stack idles (GPU pools at their least size)."""
+    at_max: int
+    """Units at peak (GPU pools and system nodes at their max)."""
+    hourly_min: Optional[float]
+    """USD per hour at idle; None: no price known for this region (adds nothing, says so)."""
+    hourly_max: Optional[float]
+    source: str = ""
+
+    @property
+    def priced(self) -> bool:
+        return self.hourly_min is not None
+
+    def hourly(self, size: str) -> float:
+        value = self.hourly_min if size == "min" else self.hourly_max
+        return value or 0.0
+
+
+def _price(entry: Optional[dict[str, Any]]) -> tuple[Optional[float], str]:
+    if entry is None:
+        return None, ""
+    hourly = entry["hourly"] if "hourly" in entry else entry["monthly"] / HOURS_PER_MONTH
+    return float(hourly), str(entry["source"])
+
+
+def cloud_nat_hourly(vms: int, prices: dict[str, Any]) -> float:
+    """Cloud NAT's gateway-hour: per VM using it, capped at the price of 32 VMs."""
+    per_vm, _ = _price(prices["cloud_nat_per_vm"])
+    cap, _ = _price(prices["cloud_nat_max"])
+    return min(per_vm * vms, cap)
+
+
+def platform_costs(c: Any, gpu_nodes: tuple[int, int] = (0, 0), prices: Optional[dict[str, Any]] = None) -> list[PlatformItem]:
+    """The cluster's fixed bill beside its GPU nodes. `gpu_nodes`: the GPU nodes at idle and at
+    peak (Cloud NAT is priced per VM that uses it)."""
+    p = prices or platform_prices()
+    items: list[PlatformItem] = []
+
+    def add(item: str, entry: Optional[dict[str, Any]], at_min: int, at_max: int) -> None:
+        unit, source = _price(entry)
+        lo, hi = (None, None) if unit is None else (unit * at_min, unit * at_max)
+        items.append(PlatformItem(c.name, item, at_min, at_max, lo, hi, source))
+
+    if isinstance(c, AwsCluster):
+        a, region = p["aws"], p["aws"]["regions"].get(c.region, {})
+        add("EKS control plane", a["eks_control_plane"], 1, 1)
+        nat = nat_gateway_count(c.network.availability_zones, c.network.single_nat_gateway)
+        add("NAT gateways", region.get("nat_gateway"), nat, nat)
+        add("NAT gateways' public IPv4", a["public_ipv4"], nat, nat)
+        s = c.system_node_group
+        add(f"system nodes ({s.instance_type})", region.get(s.instance_type), s.desired_size, s.max_size)
+        if c.secrets_encryption:
+            add("KMS key (secrets encryption)", a["kms_key"], 1, 1)
+    elif isinstance(c, GcpCluster):
+        g, region = p["gcp"], p["gcp"]["regions"].get(c.region, {})
+        add("GKE cluster management", g["gke_cluster"], 1, 1)
+        zones = 1 if c.zonal else GKE_REGIONAL_DEFAULT_ZONES
+        s = c.system_pool
+        low, high = s.min_nodes * zones, s.max_nodes * zones
+        add(f"system nodes ({s.machine_type})", region.get(s.machine_type), low, high)
+        vms = (low + gpu_nodes[0], high + gpu_nodes[1])
+        items.append(PlatformItem(c.name, "Cloud NAT gateway (per VM using it, capped at 32)", vms[0], vms[1],
+                                  cloud_nat_hourly(vms[0], g), cloud_nat_hourly(vms[1], g),
+                                  g["cloud_nat_per_vm"]["source"]))
+        add("Cloud NAT external IP", g["nat_ip"], 1, 1)
+    else:
+        return []  # an existing cluster: nothing here is created or priced
+    items.append(PlatformItem(c.name, "load balancers (none: every Service is ClusterIP)", 0, 0, 0.0, 0.0))
+    return items
+
+
+@dataclass(frozen=True)
+class StackCost:
+    gpu: CostEstimate
+    platform: tuple[PlatformItem, ...]
+
+    def total_hourly(self, size: str) -> float:
+        """The whole stack's hourly bill: `min` idle (GPU pools at their least), `max` at peak."""
+        return self.gpu.total_hourly(size) + sum(i.hourly(size) for i in self.platform)
+
+    @property
+    def unpriced(self) -> list[str]:
+        return [f"{i.cluster}: {i.item}" for i in self.platform if not i.priced]
+
+
+def estimate_whole_stack(cfg: StackConfig, catalog: Optional[Catalog] = None) -> StackCost:
+    gpu = estimate_stack_cost(cfg, catalog)
+    items: list[PlatformItem] = []
+    for c in cfg.clusters:
+        pools = [p for p in gpu.pools if p.cluster == c.name]
+        nodes = (sum(p.least_nodes for p in pools), sum(p.max_nodes for p in pools))
+        items += platform_costs(c, nodes)
+    return StackCost(gpu=gpu, platform=tuple(items))
+
+
+# ----------------------------------------------------------------------------------------------
 # Renderings: the `estimated_cost` stack output and the offline render's table
 # ----------------------------------------------------------------------------------------------
 
@@ -196,8 +319,14 @@ def _span(p_or_e: PoolCost | CostEstimate, size: str) -> dict[str, float]:
     }
 
 
-def cost_output(est: CostEstimate, catalog: Optional[Catalog] = None) -> dict[str, Any]:
-    """The `estimated_cost` stack output (plain JSON; informational, not part of the contract)."""
+def _whole(whole: StackCost, size: str) -> dict[str, float]:
+    return {"hourly": _money(whole.total_hourly(size)), "monthly": _money(monthly(whole.total_hourly(size)))}
+
+
+def cost_output(est: CostEstimate, catalog: Optional[Catalog] = None,
+                platform: tuple[PlatformItem, ...] = ()) -> dict[str, Any]:
+    """The `estimated_cost` stack output (plain JSON; informational, not part of the contract).
+    `total` is the GPU pools'; `whole_stack` adds the platform bill (`platform`)."""
     cat = catalog or load_catalog()
     pools = []
     for p in est.pools:
@@ -227,13 +356,22 @@ def cost_output(est: CostEstimate, catalog: Optional[Catalog] = None) -> dict[st
         if p.note:
             row["note"] = p.note
         pools.append(row)
+    whole = StackCost(gpu=est, platform=tuple(platform))
+    sources = {s: cat.price_sources.get(s, {}) for s in est.sources}
+    sources.update({i.source: platform_prices()["price_sources"].get(i.source, {}) for i in platform if i.source})
     return {
         "currency": CURRENCY,
         "hours_per_month": HOURS_PER_MONTH,
-        "scope": "GPU nodes only; spot at typical prices",
+        "scope": "GPU pools (spot at typical prices) plus the fixed platform bill; no usage-priced items",
         "pools": pools,
         "total": {"at_min": _span(est, "min"), "at_max": _span(est, "max"), "savings_pct": round(100 * est.savings, 1)},
-        "price_sources": {s: cat.price_sources.get(s, {}) for s in est.sources},
+        "platform": [
+            {"cluster": i.cluster, "item": i.item, "units_idle": i.at_min, "units_peak": i.at_max, "priced": i.priced,
+             "hourly_idle": _money(i.hourly("min")), "hourly_peak": _money(i.hourly("max")), "source": i.source}
+            for i in platform
+        ],
+        "whole_stack": {"idle": _whole(whole, "min"), "peak": _whole(whole, "max"), "unpriced": whole.unpriced},
+        "price_sources": sources,
     }
 
 
@@ -260,4 +398,17 @@ def cost_table_lines(est: CostEstimate) -> list[str]:
     )
     if any(p.price_source == "estimate" for p in est.pools):
         lines.append("  * unverified price (source: estimate in gpu_catalog.yaml)")
+    return lines
+
+
+def platform_table_lines(whole: StackCost) -> list[str]:
+    """The platform bill and the whole stack's idle/peak totals, as the offline render prints them."""
+    lines = ["", f"  Platform cost ({CURRENCY}/h: control planes, NAT, system nodes, KMS, load balancers)",
+             f"  {'cluster':<14} {'item':<52} {'units':>7} {'$/h idle':>9} {'$/h peak':>9}"]
+    for i in whole.platform:
+        cost = f"{i.hourly('min'):>9.3f} {i.hourly('max'):>9.3f}" if i.priced else "  not priced in this region"
+        lines.append(f"  {i.cluster:<14} {i.item:<52} {f'{i.at_min}-{i.at_max}':>7} {cost}")
+    for label, size in (("idle (GPU pools at their least)", "min"), ("peak (every pool at max_nodes)", "max")):
+        h = whole.total_hourly(size)
+        lines.append(f"  whole stack {label}: ${h:,.2f}/h, ${monthly(h):,.0f}/month")
     return lines

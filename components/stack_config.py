@@ -21,8 +21,9 @@ from components.catalog import load_catalog
 from components.config_types import Base, Environment, allowed
 from components.existing.config import ExistingCluster, ExistingGpuPool
 from components.gcp.config import GcpCluster, GcpGpuPool
+from components.images.config import ImagesConfig
 from components.node_pools import effective_reserved_cpus, pool_topology_policy
-from components.platform.config import Namespaces, ObservabilityConfig
+from components.platform.config import Consumer, Namespaces, ObservabilityConfig
 from components.router.config import RouterConfig
 from components.serving.budget import budget_problem, go_duration, nodepool_termination_grace_s
 from components.serving.config import ModelConfig, Placement, model_budget
@@ -45,6 +46,14 @@ class StackConfig(Base):
     observability: ObservabilityConfig = ObservabilityConfig()
     router: RouterConfig = RouterConfig()
     """The router in front of the replicas (primary -> economy overflow, same node first)."""
+    images: ImagesConfig = ImagesConfig()
+    """Where the project's images (eBPF agent, runtime) come from: built and pushed by the stack, or
+    prebuilt by digest (docs/images.md)."""
+    consumers: list[Consumer] = Field(default_factory=list)
+    """Other teams onboarded as consumers (docs/contract.md, "Onboarding a consumer")."""
+
+    def consumers_on(self, cluster: str) -> list[Consumer]:
+        return [c for c in self.consumers if not c.clusters or cluster in c.clusters]
 
     @cached_property
     def _cluster_index(self) -> dict[str, tuple[int, Any]]:
@@ -68,9 +77,14 @@ class StackConfig(Base):
         errors += _duplicate_names(self)
         errors += _cidr_overlaps(self)
         errors += _prod_fallback(self)
+        errors += _prod_alert_receivers(self)
         errors += _interruption_queue(self)
         errors += _aws_ami_pinned(self)
+        errors += _aws_endpoint_restricted(self)
         errors += _ebpf_agent_ports(self)
+        errors += _image_registry(self)
+        errors += _consumers(self)
+        errors += _platform_namespaces(self)
         if not errors:
             errors += _placements(self)
         if errors:
@@ -112,6 +126,21 @@ def _cidr_overlaps(s: StackConfig) -> list[str]:
     return errs
 
 
+def _prod_alert_receivers(s: StackConfig) -> list[str]:
+    """prod alerts must reach someone: a receiver for critical alerts, where this stack installs
+    Alertmanager (kube-prometheus-stack). dev/staging may leave it empty (the program warns)."""
+    o = s.observability
+    if s.environment != "prod" or not o.install_prometheus_stack:
+        return []
+    if any("critical" in r.severities for r in o.alerting.receivers):
+        return []
+    return [
+        "observability.alerting.receivers: prod needs a receiver for severity 'critical' (a webhook, slack "
+        "or pagerduty entry whose severities include critical); without one Alertmanager sends alerts to "
+        "the 'null' receiver and nobody is told"
+    ]
+
+
 def _prod_fallback(s: StackConfig) -> list[str]:
     if s.environment != "prod":
         return []
@@ -144,6 +173,64 @@ def _aws_ami_pinned(s: StackConfig) -> list[str]:
         for i, c in enumerate(s.clusters)
         if isinstance(c, AwsCluster) and c.karpenter.ami_alias.endswith("@latest")
     ]
+
+
+def _image_registry(s: StackConfig) -> list[str]:
+    """`build` pushes to the stack's own ECR/Artifact Registry on EKS/GKE; an existing cluster has
+    none, so the stack needs one configured."""
+    im = s.images
+    existing = [c.name for c in s.clusters if isinstance(c, ExistingCluster)]
+    if im.source == "build" and existing and im.registry is None:
+        return [
+            f"images.registry: images.source is 'build' and clusters {existing} are existing clusters, which get "
+            f"no registry from the stack; allowed: a registry path the nodes can pull from (e.g. "
+            f"ghcr.io/acme/gpuinfra), or images.source: prebuilt with images.prebuilt by digest"
+        ]
+    if im.registry is not None and not existing:
+        return [
+            "images.registry: set, but every cluster is EKS or GKE, which push to the registry the stack "
+            "creates (ECR, Artifact Registry); allowed: remove images.registry"
+        ]
+    return []
+
+
+def _aws_endpoint_restricted(s: StackConfig) -> list[str]:
+    if s.environment != "prod":
+        return []
+    return [
+        f"clusters[{i}].endpoint.public_access_cidrs: 0.0.0.0/0 opens the prod API server's public endpoint "
+        f"to the internet; allowed in prod: the deployer's egress CIDRs only (CI runners' NAT, VPN)"
+        for i, c in enumerate(s.clusters)
+        if isinstance(c, AwsCluster) and c.endpoint.open_to_internet
+    ]
+
+
+def _platform_namespaces(s: StackConfig) -> list[str]:
+    """Each namespace the stack creates is one Namespace object with one Pod Security level, so no
+    two of them may share a name (components/platform/addons.py)."""
+    o = s.observability
+    keys = [("namespaces.serving", s.namespaces.serving)]
+    keys += [("namespaces.system", s.namespaces.system)] if s.ebpf_agent.enabled else []
+    keys += [("observability.monitoring_namespace", o.monitoring_namespace)] if o.install_prometheus_stack else []
+    keys += [("observability.keda_namespace", o.keda_namespace)] if o.install_keda else []
+    return [
+        f"{key}: '{ns}' is also {', '.join(k for k, n in keys[:i] if n == ns)}; allowed: a namespace of its own"
+        for i, (key, ns) in enumerate(keys) if any(n == ns for _, n in keys[:i])
+    ]
+
+
+def _consumers(s: StackConfig) -> list[str]:
+    errs = [f"consumers[].name: duplicate name '{d}'" for d in _dupes([c.name for c in s.consumers])]
+    errs += [f"consumers[].namespace: '{d}' given to two consumers" for d in _dupes([c.namespace for c in s.consumers])]
+    ours = {s.namespaces.serving, s.namespaces.system, s.observability.monitoring_namespace, s.observability.keda_namespace}
+    names = [c.name for c in s.clusters]
+    for i, c in enumerate(s.consumers):
+        if c.namespace in ours:
+            errs.append(f"consumers[{i}].namespace: '{c.namespace}' is one of the platform's namespaces; allowed: a namespace of the team's own")
+        unknown = [n for n in c.clusters if n not in names]
+        if unknown:
+            errs.append(f"consumers[{i}].clusters: {unknown} are not clusters of this stack; allowed: {allowed(names)}")
+    return errs
 
 
 def _ebpf_agent_ports(s: StackConfig) -> list[str]:

@@ -25,6 +25,26 @@ from components.gcp.cluster import GcpGpuCluster, GcpGpuClusterArgs
 from components.serving.vllm_serving import VllmServing, VllmServingArgs
 from components.router.router import Router, RouterArgs
 from components.router.config import router_enabled
+from components.aws.consumer_access import EksConsumerAccess, EksConsumerAccessArgs
+from components.gcp.consumer_access import GkeConsumerAccess, GkeConsumerAccessArgs
+from components.aws.registry import EcrRegistry, EcrRegistryArgs
+from components.gcp.registry import ArtifactRegistry, ArtifactRegistryArgs
+from components.gcp.specs import gcp_labels
+from components.images.images import ProjectImages, ProjectImagesArgs
+from components.images.specs import SOURCES
+from components.platform.registry import ImageRegistry
+from components.pod_security import namespace_pod_security
+
+
+def cuda_launch_traced(cfg: StackConfig) -> bool:
+    """Whether the agent exports `cudaLaunchKernel` enqueue times (CudaLaunchStall's series): CUDA
+    uprobes on, and either the /proc scan (it finds the libcudart inside each vLLM image) or a
+    listed libcudart. A list of driver libraries only (`libcuda.so`) sees `cuLaunchKernel`, never
+    `cudaLaunchKernel` (docs/ebpf-agent.md, least privilege for CUDA tracing)."""
+    a = cfg.ebpf_agent
+    paths = a.cuda_uprobes.library_paths
+    return a.enabled and a.cuda_uprobes.enabled and (
+        not paths or any(p.rsplit("/", 1)[-1].startswith("libcudart") for p in paths))
 
 
 def platform_labels(cfg: StackConfig) -> dict[str, str]:
@@ -39,6 +59,7 @@ class ClusterLayers:
     agent: EbpfAgent | None
     serving: dict[str, VllmServing] = field(default_factory=dict)
     router: Router | None = None
+    images: ProjectImages | None = None
 
 
 def build_cluster(loaded: LoadedConfig, c: Any) -> ClusterHandle:
@@ -54,15 +75,45 @@ def build_cluster(loaded: LoadedConfig, c: Any) -> ClusterHandle:
     raise TypeError(f"unsupported cluster config {type(c).__name__}")
 
 
-def build_layers(loaded: LoadedConfig, handle: ClusterHandle) -> ClusterLayers:
+def build_registry(loaded: LoadedConfig, c: Any, handle: ClusterHandle) -> ImageRegistry | None:
+    """Where this cluster's images are pushed: the stack's own ECR/Artifact Registry, the configured
+    registry for an existing cluster, none when the images are prebuilt."""
+    cfg = loaded.stack
+    if cfg.images.source == "prebuilt":
+        return None
+    if isinstance(c, AwsCluster):
+        args = EcrRegistryArgs(cluster=c.name, aws_provider=handle.extras["aws_provider"])
+        # Like every AWS resource of the cluster, the repositories wait for its CNI guard.
+        guard = pulumi.ResourceOptions(depends_on=handle.extras["aws_guard"])
+        return EcrRegistry(f"{c.name}-registry", args, opts=guard).registry
+    if isinstance(c, GcpCluster):
+        args = ArtifactRegistryArgs(cluster=c.name, project=c.project, region=c.region, labels=gcp_labels(cfg.tags))
+        return ArtifactRegistry(f"{c.name}-registry", args).registry
+    assert cfg.images.registry is not None  # StackConfig's images.registry rule
+    return ImageRegistry(repositories={s.role: f"{cfg.images.registry}/{s.repository}" for s in SOURCES})
+
+
+def build_layers(
+    loaded: LoadedConfig, handle: ClusterHandle, registry: ImageRegistry | None, pod_security: dict[str, dict[str, str]]
+) -> ClusterLayers:
     cfg = loaded.stack
     labels = platform_labels(cfg)
+    images = ProjectImages(f"{handle.name}-images", ProjectImagesArgs(config=cfg.images, registry=registry))
     on_cluster = pulumi.ResourceOptions(provider=handle.provider, depends_on=handle.ready_after)
     addons = PlatformAddons(
         f"{handle.name}-addons",
-        PlatformAddonsArgs(namespaces=cfg.namespaces, observability=cfg.observability, labels=labels),
+        PlatformAddonsArgs(
+            namespaces=cfg.namespaces,
+            observability=cfg.observability,
+            labels=labels,
+            namespace_labels=pod_security,
+            alert_secrets=loaded.alert_secrets,
+            system_namespace_needed=cfg.ebpf_agent.enabled,
+            consumers=tuple(cfg.consumers_on(handle.name)),
+        ),
         opts=on_cluster,
     )
+    build_consumer_access(cfg, handle)
     after_addons = pulumi.ResourceOptions(provider=handle.provider, depends_on=[addons])
     agent = None
     if cfg.ebpf_agent.enabled:
@@ -76,10 +127,11 @@ def build_layers(loaded: LoadedConfig, handle: ClusterHandle) -> ClusterLayers:
                 observability=cfg.observability,
                 labels=labels,
                 client_namespaces=(cfg.namespaces.serving,),
+                image=images.refs["agent"],
             ),
             opts=after_addons,
         )
-    layers = ClusterLayers(handle=handle, addons=addons, agent=agent)
+    layers = ClusterLayers(handle=handle, addons=addons, agent=agent, images=images)
     for model, placement in cfg.placements_on(handle.name):
         layers.serving[model.name] = VllmServing(
             f"{handle.name}-{model.name}",
@@ -93,6 +145,8 @@ def build_layers(loaded: LoadedConfig, handle: ClusterHandle) -> ClusterLayers:
                 hf_token=loaded.hf_token,
                 observability=cfg.observability,
                 labels=labels,
+                runtime_image=images.refs["runtime"],
+                cuda_tracing=cuda_launch_traced(cfg),
             ),
             opts=after_addons,
         )
@@ -107,11 +161,37 @@ def build_layers(loaded: LoadedConfig, handle: ClusterHandle) -> ClusterLayers:
                 gpu_pools=list(handle.gpu_pools.values()),
                 observability=cfg.observability,
                 labels=labels,
+                runtime_image=images.refs["runtime"],
             ),
             opts=pulumi.ResourceOptions(provider=handle.provider, depends_on=[addons, *layers.serving.values()]),
         )
     return layers
 
 
+def build_consumer_access(cfg: StackConfig, handle: ClusterHandle) -> None:
+    """Cloud identities of the teams onboarded on this cluster (their namespaces are the add-ons')."""
+    consumers = cfg.consumers_on(handle.name)
+    if handle.cloud == "aws" and any(c.aws_principal_arns for c in consumers):
+        EksConsumerAccess(
+            f"{handle.name}-consumer-access",
+            EksConsumerAccessArgs(
+                cluster_name=handle.cluster_name,
+                consumers=consumers,
+                serving_namespace=cfg.namespaces.serving,
+                aws_provider=handle.extras["aws_provider"],
+            ),
+        )
+    if handle.cloud == "gcp" and any(c.gcp_members for c in consumers):
+        GkeConsumerAccess(
+            f"{handle.name}-consumer-access",
+            GkeConsumerAccessArgs(project=handle.extras["project"], consumers=consumers),
+        )
+
+
 def build_platform(loaded: LoadedConfig) -> dict[str, ClusterLayers]:
-    return {c.name: build_layers(loaded, build_cluster(loaded, c)) for c in loaded.stack.clusters}
+    out = {}
+    for c in loaded.stack.clusters:
+        handle = build_cluster(loaded, c)
+        pod_security = namespace_pod_security(loaded.stack, c)
+        out[c.name] = build_layers(loaded, handle, build_registry(loaded, c, handle), pod_security)
+    return out

@@ -2,7 +2,12 @@
 
     from gpuinfra_contract import PlatformOutputs
     platform = PlatformOutputs.from_stack_reference("org/gpu-inference-platform/prod")
+
+`load_schema()` returns the contract as a JSON Schema (schema/contract-<version>.json), for
+validating outputs outside Python.
 """
+
+from gpuinfra_contract.json_schema import contract_json_schema, load_schema, schema_path
 
 from gpuinfra_contract.model import (
     CONTRACT_VERSION,
@@ -31,5 +36,8 @@ __all__ = [
     "PlatformReference",
     "ServedModel",
     "check_compatible",
+    "contract_json_schema",
+    "load_schema",
     "parse_version",
+    "schema_path",
 ]

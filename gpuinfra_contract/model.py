@@ -18,8 +18,12 @@ from typing import Any, Literal, Mapping, Optional
 import pulumi
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 
-CONTRACT_VERSION = "1.1.0"
+CONTRACT_VERSION = "1.2.0"
 _SEMVER = re.compile(r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)(?:-[0-9A-Za-z.-]+)?(?:\+[0-9A-Za-z.-]+)?$")
+
+
+SERVING_CLIENT_LABEL = "gpuinfra.io/serving-client"
+"""The namespace label the serving NetworkPolicy admits (`"true"`)."""
 
 
 class ContractError(ValueError):
@@ -51,6 +55,13 @@ class Cluster(_Model):
     spot_notice_s: int = Field(description="Seconds between a spot notice and node loss (0: not spot-capable).")
     interruption_queue_arn: Optional[str] = Field(None, description="SQS queue Karpenter reads spot interruptions from (AWS only).")
     ebpf_agent_metrics_port: Optional[int] = Field(None, description="Port of the eBPF agent's /metrics on GPU nodes; null if the agent is off.")
+    serving_namespace: Optional[str] = Field(
+        None, description="(1.2) Namespace of this stack's model Services and router on the cluster; null from older producers."
+    )
+    client_namespace_labels: dict[str, str] = Field(
+        default_factory=lambda: {SERVING_CLIENT_LABEL: "true"},
+        description="(1.2) Labels a consumer's namespace must carry for the serving namespace's NetworkPolicy to admit its pods (every other namespace but Prometheus' is denied). Older producers admitted the same label.",
+    )
 
 
 class ModelEndpoint(_Model):
@@ -222,6 +233,10 @@ class PlatformReference:
     def service_base_url(self, model: str, cluster: Optional[str] = None) -> pulumi.Output[str]:
         """The model tier's Service, bypassing the router."""
         return self.endpoint(model, cluster).apply(lambda e: e.openai_base_url)
+
+    def client_namespace_labels(self, cluster: str) -> pulumi.Output[dict[str, str]]:
+        """The labels a consumer puts on its namespace so the cluster's serving namespace admits it."""
+        return self.cluster(cluster).apply(lambda c: dict(c.client_namespace_labels))
 
     def served_model_name(self, model: str) -> pulumi.Output[str]:
         return self.outputs.apply(lambda o: o.model(model).served_model_name)

@@ -82,10 +82,14 @@ def eks_private_endpoint(args: ResourceValidationArgs, report_violation: ReportV
             "EKS API endpoint has no private access in prod; set endpointPrivateAccess: true "
             "(config: clusters[].endpoint.private_access)"
         )
-    if truthy(public) is not False:
+    # A public endpoint is how a deployer outside the VPC reaches it (the stack creates the VPC), so
+    # it is allowed in prod only when limited to configured CIDRs (EKS publicAccessCidrs; the API's
+    # default is 0.0.0.0/0, so an unset value fails).
+    cidrs = [str(c) for c in as_list(vpc.get("publicAccessCidrs"))]
+    if truthy(public) is not False and (not cidrs or any(c.endswith("/0") for c in cidrs)):
         report_violation(
-            "EKS API endpoint is public in prod; set endpointPublicAccess: false and reach the API "
-            "through the VPC (config: clusters[].endpoint.public_access: false)"
+            "EKS API endpoint is public to the internet in prod; limit publicAccessCidrs to the "
+            "deployer's egress CIDRs (config: clusters[].endpoint.public_access_cidrs)"
         )
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import fnmatch
+
 import re
 from decimal import Decimal
 from typing import Any, Mapping
@@ -91,7 +93,12 @@ def workload_image_pinned(args: ResourceValidationArgs, report_violation: Report
 
 # ---- kubernetes-workload-image-registry-allowed ----------------------------------------------
 
-DEFAULT_REGISTRIES = ["docker.io", "ghcr.io", "registry.k8s.io", "nvcr.io", "quay.io", "public.ecr.aws"]
+DEFAULT_REGISTRIES = [
+    "docker.io", "ghcr.io", "registry.k8s.io", "nvcr.io", "quay.io", "public.ecr.aws",
+    # The registries the stack pushes its own images to (docs/images.md): private ECR
+    # (<account>.dkr.ecr.<region>.amazonaws.com) and Artifact Registry (<location>-docker.pkg.dev).
+    "*.dkr.ecr.*.amazonaws.com", "*-docker.pkg.dev",
+]
 
 REGISTRY_SCHEMA = PolicyConfigSchema(
     properties={
@@ -99,7 +106,8 @@ REGISTRY_SCHEMA = PolicyConfigSchema(
             "type": "array",
             "items": {"type": "string"},
             "default": DEFAULT_REGISTRIES,
-            "description": "Registry hosts images may come from (`docker.io` for names without a host).",
+            "description": "Registry hosts images may come from (`docker.io` for names without a host); "
+            "shell-style patterns (`*.dkr.ecr.*.amazonaws.com`) match a host.",
         }
     }
 )
@@ -116,7 +124,7 @@ def workload_image_registry_allowed(args: ResourceValidationArgs, report_violati
             if not image:
                 continue
             registry = image_registry(str(image))
-            if registry not in allowed:
+            if not any(fnmatch.fnmatchcase(registry, pattern) for pattern in allowed):
                 report_violation(
                     f"{where} pulls '{image}' from registry '{registry}', which is not allowed; mirror it "
                     f"into one of {allowed} or add the registry to the policy config allowedRegistries"

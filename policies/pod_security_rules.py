@@ -43,6 +43,7 @@ components/aws/disks.py, and the writable cache directory on GKE's COS, componen
 tests/test_policies_rules.py checks they match."""
 EBPF_AGENT_HOST_PATHS = [
     "/sys/fs/bpf",
+    "/sys/fs/bpf/gpuinfra",
     "/sys/fs/cgroup",
     "/var/log/containers",
     "/var/log/pods",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.tiers import pytest_terminal_summary  # noqa: F401 - the hook that names skipped tiers
 from tools.offline import ProgramRun, available_stacks, run_program
 
 _RUNS: dict[tuple[str, bool], ProgramRun] = {}
@@ -36,3 +37,4 @@ def any_preview_run(request) -> ProgramRun:
 def any_run(request) -> ProgramRun:
     """Parametrized over every `Pulumi.<stack>.yaml` in the repo."""
     return stack_run(request.param)
+

@@ -25,3 +25,22 @@ def kernel_skip_reason(who_needs: str, tools: Iterable[str] = ("clang", "bpftool
     except OSError:
         return f"{who_needs} libbpf.so.1 (apt-get install -y libbpf1)"
     return None
+
+
+_PRIVATE_BPFFS: Optional[str] = None
+
+
+def private_bpffs() -> str:
+    """A bpffs instance of this process's own (mounted once, lazily unmounted at exit): tests and
+    benches pin there, never in the node's shared /sys/fs/bpf where another agent may pin."""
+    global _PRIVATE_BPFFS
+    if _PRIVATE_BPFFS is None:
+        import atexit
+        import subprocess
+        import tempfile
+
+        path = tempfile.mkdtemp(prefix="gpuinfra-bpffs-")
+        subprocess.run(["mount", "-t", "bpf", "bpf", path], check=True, timeout=10)
+        atexit.register(lambda: subprocess.run(["umount", "-l", path], check=False, timeout=10))
+        _PRIVATE_BPFFS = path
+    return _PRIVATE_BPFFS

@@ -232,10 +232,14 @@ def test_platform_layers_use_the_clusters_kubernetes_provider(run):
         assert on_it, f"nothing deployed through {provider.urn}"
 
 
-def test_prod_endpoint_is_private():
+def test_prod_endpoint_is_private_plus_public_only_to_the_deployers_cidrs():
+    """The deployer reaches the API server through the public endpoint, limited to configured CIDRs;
+    everything in the VPC through the private one (EKS user guide, "Cluster API server endpoint")."""
     run = stack_run("prod")
     for eks in one_per_aws_cluster(run, run.by_type("eks:index:Cluster"), "EKS clusters"):
-        assert eks.inputs["endpointPublicAccess"] is False and eks.inputs["endpointPrivateAccess"] is True, eks.urn
+        assert eks.inputs["endpointPrivateAccess"] is True and eks.inputs["endpointPublicAccess"] is True, eks.urn
+        cidrs = eks.inputs["publicAccessCidrs"]
+        assert cidrs and not any(c.endswith("/0") for c in cidrs), (eks.urn, cidrs)
 
 
 def test_handle_outputs_reach_the_stack_outputs():

@@ -4,6 +4,8 @@ refuses, EC2 instance-type names, partition-aware principals, the CNI switch gua
 
 from __future__ import annotations
 
+from components.config_loader import ConfigError
+
 import re
 
 import pytest
@@ -26,7 +28,7 @@ from components.aws.facts import (
     NAME_LIMITS,
     PULUMI_AUTONAME_SUFFIX,
     ami_alias_problem,
-    control_plane_zones,
+    pick_zone_ids,
     is_arm64_family,
 )
 from components.aws.iam import assume_role_ec2, controller_policy
@@ -136,12 +138,18 @@ def test_default_alias_serves_every_supported_version():
 
 
 def test_zones_are_picked_by_id_and_skip_those_eks_refuses():
-    names = ["us-east-1a", "us-east-1b", "us-east-1c", "us-east-1d"]
-    ids = ["use1-az1", "use1-az3", "use1-az2", "use1-az4"]
-    assert control_plane_zones(names, ids, 3) == [("us-east-1a", "use1-az1"), ("us-east-1c", "use1-az2"), ("us-east-1d", "use1-az4")]
-    assert EKS_UNSUPPORTED_ZONE_IDS == {"use1-az3", "usw1-az2", "cac1-az3"}
+    ids = ["use1-bos1-az1", "use1-az1", "use1-az3", "use1-az2", "use1-az4"]
+    # use1-az3: no EKS control planes; use1-bos1-az1: a Local Zone (not an Availability Zone ID).
+    assert pick_zone_ids(ids, 3) == ["use1-az1", "use1-az2", "use1-az4"]
     with pytest.raises(ValueError, match="network.availability_zones: 4 requested .* allowed: at most 3"):
-        control_plane_zones(names, ids, 4)
+        pick_zone_ids(ids, 4)
+
+
+def test_zone_pick_ignores_order_and_zones_added_later():
+    """Numeric zone-ID order (az10 after az9), whatever order AWS lists them in."""
+    ids = [f"usw2-az{i}" for i in (10, 2, 1, 9)]
+    assert pick_zone_ids(ids, 3) == ["usw2-az1", "usw2-az2", "usw2-az9"]
+    assert pick_zone_ids(list(reversed(ids)) + ["usw2-lax1-az1", "usw2-wl1-las-wlz1"], 3) == pick_zone_ids(ids, 3)
 
 
 # --- instance types ---------------------------------------------------------------------------
@@ -206,7 +214,17 @@ def test_turning_cilium_on_for_an_existing_cluster_fails_before_any_resource(mon
         lambda a: {"name": a.get("name"), "tags": {CNI_TAG: "aws-vpc-cni"}, "id": a.get("name")},
     )
     run = run_program("dev", raise_errors=False)
-    assert_config_error(run, "cilium-on-existing", ["cilium.enabled", "dev-use1", "bootstrapSelfManagedAddons"])
+    assert_guard_stopped(run, "cilium-on-existing", ["cilium.enabled", "dev-use1", "bootstrapSelfManagedAddons"])
+
+
+def assert_guard_stopped(run, case_id: str, fragments: list[str]) -> None:
+    """The CNI guard failed `run` with a ConfigError naming every fragment, and the cluster's component
+    registered nothing but itself and its providers (the guard reads through its AWS provider)."""
+    assert isinstance(run.error, ConfigError), f"{case_id}: expected a ConfigError, got {run.error!r}"
+    for fragment in fragments:
+        assert fragment in str(run.error), f"{case_id}: {fragment!r} not in error:\n{run.error}"
+    aws = [r for r in run.resources if r.type.startswith(("aws:", "eks:", "kubernetes:"))]
+    assert aws == [], f"{case_id}: registered despite the guard: {[r.urn for r in aws]}"
 
 
 def test_the_cluster_records_its_cni():

@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 import pytest
 
-from components.config_loader import ConfigError, parse_stack_config
+from components.config_loader import alert_secret_keys, ConfigError, parse_stack_config
 from tests.support import assert_config_error
 from tools.offline import PROJECT, run_program, stack_config
 
@@ -159,7 +159,8 @@ def test_error_is_short_and_lists_every_problem():
 def test_valid_stacks_parse():
     for stack in ("dev", "prod"):
         raw = {k[len(P):]: v for k, v in stack_config(stack).items()}
-        cfg = parse_stack_config({**raw, "hf_token": "t"}, stack, {"hf_token"})
+        secrets = {"hf_token", *alert_secret_keys(raw)}
+        cfg = parse_stack_config({**raw, **{k: "t" for k in secrets}}, stack, secrets)
         assert cfg.environment == stack
 
 

@@ -120,6 +120,7 @@ def secret_kubeconfig_run():
             ],
         }
     )
+    cfg["gpu-inference-platform:images"] = {"registry": "ghcr.io/acme/gpuinfra"}  # where `team` pulls from
     return run_program("dev", config=cfg, secrets={"team_kubeconfig": KUBECONFIG_SENTINEL})
 
 

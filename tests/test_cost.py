@@ -16,6 +16,7 @@ from components.cost import (
     cost_output,
     cost_table_lines,
     estimate_stack_cost,
+    estimate_whole_stack,
     fleet_hourly,
     monthly,
     node_price,
@@ -178,7 +179,8 @@ def test_stack_total_is_the_sum_of_pools(specs):
 def test_estimated_cost_output_matches_the_config(any_run):
     cfg = parsed_config(any_run)
     out = any_run.raw_outputs["estimated_cost"]
-    assert out == cost_output(estimate_stack_cost(cfg)), f"stack {any_run.stack}"
+    whole = estimate_whole_stack(cfg)
+    assert out == cost_output(whole.gpu, platform=whole.platform), f"stack {any_run.stack}"
     assert [(p["cluster"], p["pool"]) for p in out["pools"]] == [(c.name, p.name) for c in cfg.clusters for p in c.gpu_pools]
     assert out["hours_per_month"] == 730 and out["currency"] == "USD"
 

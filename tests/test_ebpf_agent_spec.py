@@ -17,6 +17,7 @@ from components.platform.config import ObservabilityConfig
 from components.agent.daemonset_spec import (
     CAPABILITY_ALLOW_LIST,
     CGROUP_MOUNT,
+    PIN_DIR,
     PROGRAMS,
     accelerated_ports,
     agent_env,
@@ -35,6 +36,7 @@ from components.agent.daemonset_spec import (
 from policies.kubernetes_rules import EBPF_AGENT_CAPABILITIES
 
 ROOT = Path(__file__).resolve().parent.parent
+AGENT_IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/gpuinfra/c/ebpf-agent@sha256:" + "cd" * 32
 
 
 def pool(name: str = "l4", selector: dict[str, str] | None = None, taint: bool = True) -> GpuPoolInfo:
@@ -126,7 +128,7 @@ def test_configured_cuda_libraries_are_mounted_and_replace_the_scan():
     s = _agent_settings(env_of(c))
     assert s.cuda_scan is False
     assert s.cuda_libs == tuple("/host" + p for p in libs)
-    spec = pod_spec(c, [8000], [pool()])
+    spec = pod_spec(c, [8000], [pool()], image=AGENT_IMAGE)
     mounts = {m["mountPath"]: m for m in spec["containers"][0]["volumeMounts"]}
     vols = {v["name"]: v for v in spec["volumes"]}
     for p in libs:
@@ -193,7 +195,7 @@ def test_capabilities_are_exactly_what_the_programs_need(sockmap, cuda, tcp, sca
 
 def test_default_config_has_no_sys_admin_because_cudalat_is_off():
     assert EbpfAgentConfig().cuda_uprobes.enabled is False
-    spec = pod_spec(EbpfAgentConfig(), [8000], [pool()])
+    spec = pod_spec(EbpfAgentConfig(), [8000], [pool()], image=AGENT_IMAGE)
     sc = spec["containers"][0]["securityContext"]
     assert sc["capabilities"] == {"drop": ["ALL"], "add": ["BPF", "PERFMON", "NET_ADMIN", "SYS_RESOURCE"]}
     assert sc["privileged"] is False and sc["allowPrivilegeEscalation"] is False
@@ -204,40 +206,87 @@ def test_default_config_has_no_sys_admin_because_cudalat_is_off():
 @pytest.mark.parametrize("sockmap,cuda,tcp", COMBOS)
 def test_host_pid_iff_cuda_uprobes_scan(sockmap, cuda, tcp):
     c = cfg(sockmap, cuda, tcp)
-    spec = pod_spec(c, [8000], [pool()])
+    spec = pod_spec(c, [8000], [pool()], image=AGENT_IMAGE)
     assert spec["hostPID"] is cuda
     assert host_pid(enabled_programs(c, (8000,)), c) is cuda
     assert spec["hostNetwork"] is False
     assert spec["automountServiceAccountToken"] is False
 
 
-def test_seccomp_unconfined_only_for_the_agent_container_or_a_localhost_profile():
-    spec = pod_spec(cfg(), [8000], [pool()])
+def test_seccomp_runtime_default_unless_a_localhost_profile_is_configured():
+    """containerd's default profile allows bpf() with CAP_BPF and perf_event_open() with
+    CAP_PERFMON (contrib/seccomp/seccomp_default.go, containerd PR #7301, 1.7.0+), and every
+    program set the agent can run holds both (capabilities())."""
+    for programs in (("sockredir",), ("tcpbp",), ("sockredir", "cudalat", "tcpbp")):
+        assert {"BPF", "PERFMON"} <= set(capabilities(programs, scan=False)), programs
+    spec = pod_spec(cfg(), [8000], [pool()], image=AGENT_IMAGE)
     assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
-    assert spec["containers"][0]["securityContext"]["seccompProfile"] == {"type": "Unconfined"}
-    local = pod_spec(cfg(seccomp_localhost_profile="profiles/ebpf-agent.json"), [8000], [pool()])
+    assert spec["containers"][0]["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    local = pod_spec(cfg(seccomp_localhost_profile="profiles/ebpf-agent.json"), [8000], [pool()], image=AGENT_IMAGE)
     assert local["containers"][0]["securityContext"]["seccompProfile"] == {
         "type": "Localhost", "localhostProfile": "profiles/ebpf-agent.json"
     }
 
 
-def test_mounts_bpffs_rw_and_host_cgroup2_read_only():
-    spec = pod_spec(cfg(), [8000], [pool()])
+# containerd contrib/apparmor/template.go (commit 00ff42d1): the default profile's write denials
+# under /sys ("deny /sys/[^f]*/** wklx" and the rest), which forbid pinning under a /sys/fs/bpf mount.
+CONTAINERD_APPARMOR_WRITE_DENIALS = (
+    "/sys/[^f]*/**", "/sys/f[^s]*/**", "/sys/fs/[^c]*/**", "/sys/fs/c[^g]*/**", "/sys/fs/cg[^r]*/**",
+    "/sys/firmware/**", "/sys/devices/virtual/powercap/**", "/sys/kernel/security/**",
+)
+
+
+def _apparmor_glob(glob: str) -> "re.Pattern[str]":
+    """AppArmor's file globs: ** any characters, * any but '/', [..] a class (apparmor.d(5))."""
+    import re
+
+    out, i = "", 0
+    while i < len(glob):
+        if glob.startswith("**", i):
+            out, i = out + ".*", i + 2
+        elif glob[i] == "*":
+            out, i = out + "[^/]*", i + 1
+        elif glob[i] == "[":
+            j = glob.index("]", i)
+            out, i = out + glob[i:j + 1], j + 1
+        else:
+            out, i = out + re.escape(glob[i]), i + 1
+    return re.compile(out + "$")
+
+
+def test_pins_live_where_the_runtimes_default_apparmor_profile_lets_the_agent_write():
+    """No appArmorProfile field (a named profile makes the kubelet refuse the pod on a node without
+    AppArmor: pkg/security/apparmor/validate.go isRequired), so containerd's default profile applies
+    where AppArmor is on; the pin dir must be outside its write denials, and the old /sys/fs/bpf
+    mount would not be."""
+    spec = pod_spec(cfg(), [8000], [pool()], image=AGENT_IMAGE)
+    assert "appArmorProfile" not in spec["securityContext"]
+    assert "appArmorProfile" not in spec["containers"][0]["securityContext"]
+    env = {e["name"]: e["value"] for e in spec["containers"][0]["env"]}
+    pin = env["GPUINFRA_EBPF_PIN_DIR"] + "/sockredir-0123456789ab/sockredir_sockhash"
+    denials = [_apparmor_glob(g) for g in CONTAINERD_APPARMOR_WRITE_DENIALS]
+    assert not any(d.match(pin) for d in denials), pin
+    assert any(d.match("/sys/fs/bpf/gpuinfra/sockredir-0123456789ab/sockredir_sockhash") for d in denials)
+
+
+def test_mounts_only_the_agents_bpffs_directory_rw_and_host_cgroup2_read_only():
+    spec = pod_spec(cfg(), [8000], [pool()], image=AGENT_IMAGE)
     vols = {v["name"]: v for v in spec["volumes"]}
     mounts = {m["mountPath"]: m for m in spec["containers"][0]["volumeMounts"]}
-    bpffs = mounts["/sys/fs/bpf"]
-    assert vols[bpffs["name"]]["hostPath"]["path"] == "/sys/fs/bpf"
-    assert not bpffs.get("readOnly") and bpffs["mountPropagation"] == "HostToContainer"
+    bpffs = mounts[PIN_DIR]
+    assert vols[bpffs["name"]]["hostPath"] == {"path": "/sys/fs/bpf/gpuinfra", "type": "DirectoryOrCreate"}
+    assert not bpffs.get("readOnly") and "mountPropagation" not in bpffs
+    assert not any(v.get("hostPath", {}).get("path") == "/sys/fs/bpf" for v in spec["volumes"]), \
+        "the whole bpffs (Cilium's pins included) must not be mounted"
+    env = {e["name"]: e["value"] for e in spec["containers"][0]["env"]}
+    assert env["GPUINFRA_EBPF_PIN_DIR"] == PIN_DIR
     cg = mounts[CGROUP_MOUNT]
     assert vols[cg["name"]]["hostPath"]["path"] == "/sys/fs/cgroup" and cg["readOnly"] is True
     for d in ("/var/log/containers", "/var/log/pods"):
         assert mounts[d]["readOnly"] is True
-    without = pod_spec(cfg(pod_names_from_kubelet_logs=False), [8000], [pool()])
-    paths = {m["mountPath"] for m in without["containers"][0]["volumeMounts"]}
-    assert "/var/log/pods" not in paths and "/var/log/containers" not in paths
-    # Every hostPath except bpffs and /tmp is read-only.
+    # Every hostPath except the pin dir and /tmp is read-only.
     for m in spec["containers"][0]["volumeMounts"]:
-        if m["mountPath"] not in ("/sys/fs/bpf", "/tmp"):
+        if m["mountPath"] not in (PIN_DIR, "/tmp"):
             assert m.get("readOnly") is True, m
 
 
@@ -265,7 +314,7 @@ def test_affinity_selects_any_gpu_pool_and_tolerates_their_taints():
 
 def test_daemonset_rolls_and_requests_equal_limits():
     c = cfg(cpu_millicores=300, memory_mib=512, priority_class="gpuinfra-node")
-    ds = daemonset_spec(c, [8000], [pool()], {"team": "x"})
+    ds = daemonset_spec(c, [8000], [pool()], {"team": "x"}, image=AGENT_IMAGE)
     assert ds["updateStrategy"]["type"] == "RollingUpdate"
     assert ds["updateStrategy"]["rollingUpdate"]["maxSurge"] == 0
     assert ds["selector"]["matchLabels"].items() <= ds["template"]["metadata"]["labels"].items()
@@ -290,7 +339,7 @@ def test_service_and_servicemonitor_target_the_metrics_port():
     svc = service_spec(c)
     assert svc["type"] == "ClusterIP"
     assert svc["ports"] == [{"name": "metrics", "port": 9500, "targetPort": "metrics", "protocol": "TCP"}]
-    container = pod_spec(c, [8000], [pool()])["containers"][0]
+    container = pod_spec(c, [8000], [pool()], image=AGENT_IMAGE)["containers"][0]
     assert container["ports"][0] == {"name": "metrics", "containerPort": 9500, "protocol": "TCP"}
     assert env_of(c)["GPUINFRA_EBPF_METRICS_PORT"] == "9500"
     sm = service_monitor_spec(c)
@@ -311,15 +360,13 @@ def test_service_and_servicemonitor_target_the_metrics_port():
 @pytest.mark.parametrize(
     "kwargs,fragment",
     [
-        ({"image": "ghcr.io/gpuinfra/ebpf-agent:latest"}, "not pinned"),
-        ({"image": "ghcr.io/gpuinfra/ebpf-agent"}, "not pinned"),
-        ({"image": "Not An Image:1"}, "not an image reference"),
         ({"sockmap": {"ports": list(range(9000, 9017))}}, "at most 16"),
         ({"cuda_uprobes": {"library_paths": ["libcuda.so.1"]}}, "absolute paths"),
         ({"cuda_uprobes": {"library_paths": ["/usr/lib/libfoo.so"]}}, "libcudart.so"),
         ({"tcp_backpressure": {"threshold_pct": 0}}, "greater than or equal to 1"),
         ({"tcp_backpressure": {"mode": "kprobe"}}, "fentry"),
         ({"seccomp_localhost_profile": "../etc/x.json"}, "relative to the kubelet"),
+        ({"pod_names_from_kubelet_logs": False}, "leaves sockmap's allow-list empty"),
         (
             {"sockmap": {"enabled": False}, "cuda_uprobes": {"enabled": False}, "tcp_backpressure": {"enabled": False}},
             "every agent program is off",
@@ -332,9 +379,14 @@ def test_bad_agent_config_is_refused(kwargs, fragment):
     assert fragment in str(e.value)
 
 
-def test_pinned_images_are_accepted():
-    for image in ("ghcr.io/gpuinfra/ebpf-agent:0.1.0", "registry:5000/ebpf-agent:v1", "r.io/a@sha256:" + "0" * 64):
-        assert EbpfAgentConfig(image=image).image == image
+def test_without_kubelet_log_dirs_only_a_config_without_sockmap_is_allowed():
+    c = cfg(sockmap=False, pod_names_from_kubelet_logs=False)
+    paths = {m["mountPath"] for m in pod_spec(c, [8000], [pool()], image=AGENT_IMAGE)["containers"][0]["volumeMounts"]}
+    assert "/var/log/pods" not in paths and "/var/log/containers" not in paths
+
+
+def test_agent_runs_the_image_it_is_given():
+    assert pod_spec(EbpfAgentConfig(), [8000], [pool()], image=AGENT_IMAGE)["containers"][0]["image"] == AGENT_IMAGE
     assert EbpfAgentConfig(enabled=False, sockmap={"enabled": False}, cuda_uprobes={"enabled": False},
                            tcp_backpressure={"enabled": False}).enabled is False
 

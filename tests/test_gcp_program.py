@@ -107,7 +107,7 @@ def test_gke_kubernetes_objects_never_use_the_eks_provider(prod_run):
 
 
 def test_gke_node_service_account_has_only_the_minimal_roles(prod_run):
-    roles = sorted(r.inputs["role"] for r in prod_run.by_type("gcp:projects/iAMMember:IAMMember") if r.name.startswith(f"{GKE}-"))
+    roles = sorted(r.inputs["role"] for r in prod_run.by_type("gcp:projects/iAMMember:IAMMember") if r.name.startswith(f"{GKE}-nodes-"))
     assert roles == ["roles/artifactregistry.reader", "roles/container.defaultNodeServiceAccount"]
 
 

@@ -200,3 +200,57 @@ def test_gcp_labels_are_always_valid_gcp_labels(tags):
 def test_node_service_account_id_is_always_valid(cluster_name):
     sa = spec.node_service_account_id(cluster_name)
     assert re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", sa) and 6 <= len(sa) <= 30, sa
+
+
+# --- Flex-start pools as GKE requires them ---------------------------------------------------------
+# GoogleCloudPlatform/cluster-toolkit modules/compute/gke-node-pool/main.tf @10470803 (preconditions):
+#   "enable_flex_start needs node auto_repair set to false."
+#   "enable_flex_start does not work with static_node_count" (the pool autoscales from zero)
+#   "enable_flex_start requires reservation_affinity.consume_reservation_type to be 'NO_RESERVATION'."
+#   "Both enable_flex_start and spot consumption option cannot be set to true at the same time."
+# GKE "About flex-start provisioning mode" (cloud.google.com/kubernetes-engine/docs/concepts/dws):
+# Flex-start VMs run for at most seven days.
+
+
+def flex_start_problems(args: dict) -> list[str]:
+    """What a node pool's arguments break of the rules Google's own tooling enforces for flex-start."""
+    nc = args["node_config"]
+    if not nc.get("flex_start"):
+        return []
+    problems = []
+    if args["management"].get("auto_repair", True):
+        problems.append("auto_repair must be false")
+    if "node_count" in args or "autoscaling" not in args:
+        problems.append("flex-start pools autoscale; no static node_count")
+    if nc.get("reservation_affinity", {}).get("consume_reservation_type") != "NO_RESERVATION":
+        problems.append("reservation_affinity must be NO_RESERVATION")
+    if nc.get("spot"):
+        problems.append("flex_start and spot cannot both be set")
+    if not 0 < int(nc["max_run_duration"].rstrip("s")) <= 7 * 24 * 3600:
+        problems.append("max_run_duration must be at most seven days")
+    return problems
+
+
+def test_prod_flex_start_pool_follows_the_gke_flex_start_rules():
+    from components.gcp.specs import gpu_node_pool_args, node_pool_plan
+    from tools.offline import parsed_config, run_program
+
+    cfg = parsed_config(run_program("prod"))
+    (gke,) = [c for c in cfg.clusters if c.cloud == "gcp"]
+    pools = [gpu_node_pool_args(gke, p, cap, {}) for p, cap in node_pool_plan(gke)]
+    flex = [a for a in pools if a["node_config"].get("flex_start")]
+    assert [a["name"] for a in flex] == ["h100-fs"], [a["name"] for a in pools]
+    for a in pools:
+        assert flex_start_problems(a) == [], (a["name"], flex_start_problems(a))
+    # Spot and on-demand pools keep auto-repair.
+    assert all(a["management"]["auto_repair"] for a in pools if not a["node_config"].get("flex_start"))
+
+
+def test_flex_start_rule_check_catches_auto_repair():
+    broken = {
+        "management": {"auto_repair": True},
+        "autoscaling": {},
+        "node_config": {"flex_start": True, "max_run_duration": "604800s",
+                        "reservation_affinity": {"consume_reservation_type": "NO_RESERVATION"}},
+    }
+    assert flex_start_problems(broken) == ["auto_repair must be false"]

@@ -15,7 +15,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("components", "gpuinfra_contract", "policies", "tools", "runtime")
-DOMAINS = ("aws", "gcp", "existing", "serving", "agent", "platform", "router")
+DOMAINS = ("aws", "gcp", "existing", "serving", "agent", "platform", "router", "images")
 MAX_LINES = 450
 """~400 lines, with room for the drain runtime, which ships to pods as one stdlib script."""
 

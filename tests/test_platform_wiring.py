@@ -32,4 +32,6 @@ def test_custom_resources_wait_for_their_crds(any_run):
             continue  # the add-on is not installed by this stack (observability.install_* false)
         assert any(k.urn in r.dependencies for k in installers), f"{r.urn} may be created before its CRDs"
         checked += 1
-    assert checked, f"{any_run.stack}: no custom resource of the add-ons was checked"
+    installs = [k for k in releases if k.inputs.get("chart") in crd_chart.values()]
+    # A tenant that reuses another stack's add-ons (byo) installs none: nothing to wait for.
+    assert checked or not installs, f"{any_run.stack}: no custom resource of the add-ons was checked"

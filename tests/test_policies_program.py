@@ -239,7 +239,7 @@ BREAKS = [
     ("karpenter-ec2nodeclass-imdsv2", "dev", NODECLASS, lambda r: True, _set(["spec", "metadataOptions", "httpPutResponseHopLimit"], 2), "set it to 1"),
     ("karpenter-ec2nodeclass-encrypted-volumes", "prod", NODECLASS, lambda r: True, _set(["spec", "blockDeviceMappings", 0, "ebs", "encrypted"], False), "ebs.encrypted"),
     ("aws-eks-cluster-secrets-encryption", "prod", EKS_CLUSTER, lambda r: True, _delete(["encryptionConfig"]), "encryption_config_key_arn"),
-    ("aws-eks-cluster-private-endpoint", "prod", EKS_CLUSTER, lambda r: True, _set(["vpcConfig", "endpointPublicAccess"], True), "endpointPublicAccess: false"),
+    ("aws-eks-cluster-private-endpoint", "prod", EKS_CLUSTER, lambda r: True, _set(["vpcConfig", "publicAccessCidrs"], ["0.0.0.0/0"]), "publicAccessCidrs"),
     ("aws-eks-cluster-audit-logging", "dev", EKS_CLUSTER, lambda r: True, _set(["enabledClusterLogTypes"], ["api", "authenticator"]), "['audit']"),
     ("aws-kms-key-rotation", "prod", "aws:kms/key:Key", lambda r: True, _set(["enableKeyRotation"], False), "enable_key_rotation"),
     ("aws-sqs-queue-encrypted", "dev", "aws:sqs/queue:Queue", lambda r: True, _set(["sqsManagedSseEnabled"], False), "sqs_managed_sse_enabled"),
@@ -339,7 +339,11 @@ def test_on_demand_share_warns_when_a_pool_turns_on_demand(dev_run):
 
 def _prod_with_public_endpoint() -> dict:
     cfg = copy.deepcopy(stack_config("prod"))
-    cfg[f"{PROJECT}:clusters"][0]["endpoint"]["public_access"] = True
+    # Config refuses 0.0.0.0/0 in prod and a private-less endpoint with Cilium; without Cilium a
+    # cluster with no private endpoint passes config, and the policy catches it.
+    cluster = cfg[f"{PROJECT}:clusters"][0]
+    cluster["endpoint"]["private_access"] = False
+    cluster["cilium"] = {"enabled": False}
     return cfg
 
 
@@ -347,7 +351,7 @@ def test_public_prod_endpoint_in_config_fires_only_the_endpoint_rule():
     _, vs = policy_check.check_stack("prod", config=_prod_with_public_endpoint())
     mandatory = [v for v in vs if v.level == "mandatory"]
     assert {v.policy for v in mandatory} == {"aws-eks-cluster-private-endpoint"}, table(vs)
-    assert "endpointPublicAccess: false" in mandatory[0].message
+    assert "endpointPrivateAccess: true" in mandatory[0].message
 
 
 def test_cli_exit_status_and_table(monkeypatch, capsys):

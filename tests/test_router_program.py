@@ -13,6 +13,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
+from components.router.config import NGINX_IMAGE
 from runtime import watcher
 from tests.router_harness import NGINX, needs_nginx
 from tests.support import SCHEMA_VERSION, assert_config_error, manifest, validate_core_objects
@@ -60,7 +61,7 @@ def test_router_objects_validate_and_are_restricted(prod_run):
         assert sc["runAsUser"] >= 1000 or sc["runAsUser"] == 101, c["name"]
         assert "hostPort" not in json.dumps(c["ports"]), c["name"]
     nginx = next(c for c in pod["containers"] if c["name"] == "nginx")
-    assert nginx["image"] == "nginx:1.28.0" and nginx["readinessProbe"] and nginx["livenessProbe"]
+    assert nginx["image"] == NGINX_IMAGE and nginx["readinessProbe"] and nginx["livenessProbe"]
     assert nginx["resources"]["limits"]["memory"] == nginx["resources"]["requests"]["memory"]
     (w,) = pod["initContainers"]
     assert w["restartPolicy"] == "Always" and w["startupProbe"]["httpGet"]["path"] == "/ready"
@@ -105,7 +106,7 @@ def test_prod_routes_caps_and_retries(prod_run):
     assert " timeout" not in conf.split("proxy_next_upstream ", 1)[1].split(";")[0]
     assert "proxy_next_upstream_tries 2;" in conf and "proxy_request_buffering on;" in conf
     assert "worker_processes auto;" in conf and "worker_shutdown_timeout 95s;" in conf
-    assert files["watcher.py"] == Path(watcher.__file__).read_text()
+    assert "watcher.py" not in files, "the watcher's code comes from the runtime image, not the ConfigMap"
 
 
 @needs_nginx
@@ -131,7 +132,9 @@ def test_contract_gives_router_urls(prod_run, dev_run):
     ep = prod_run.raw_outputs["models"]["llama-70b"]["endpoints"]["prod-use1"]
     assert ep["router_url"] == "http://gpuinfra-router.llm-serving.svc.cluster.local:8080/llama-70b"
     assert ep["router_local_url"] == "http://gpuinfra-router-local.llm-serving.svc.cluster.local:8080/llama-70b"
-    assert prod_run.raw_outputs["contract_version"] == "1.1.0"
+    from gpuinfra_contract.model import CONTRACT_VERSION
+
+    assert prod_run.raw_outputs["contract_version"] == CONTRACT_VERSION  # router URLs since 1.1
     dev_ep = dev_run.raw_outputs["models"]["qwen3-8b"]["endpoints"]["dev-use1"]
     assert dev_ep["router_url"] is None
 

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from components.serving.alerts import CUDA_LAUNCH_CALL, CUDA_METRIC, alert_rules, pod_regex, prometheus_rule_spec
+from components.serving.alerts import CUDA_LAUNCH_CALL, CUDA_METRIC, AlertSignals, alert_rules, pod_regex, prometheus_rule_spec
 from components.platform.cluster_handle import GPU_TOLERATION, GpuPoolInfo
 from components.platform.config import AlertThresholds
 from components.serving.config import ModelConfig
@@ -29,20 +29,20 @@ from components.serving.objects import (
     tier_service_spec,
 )
 from components.serving.pod_spec import (
-    PYTHON_IMAGE,
+    HOOK_DIR,
+    HOOK_FILES,
+    IMAGE_RUNTIME_DIR,
     dns_label,
     drain_sidecar,
     node_affinity,
     pod_spec,
     prewarm_budget_bytes,
-    RUNTIME_DIR,
-    runtime_files,
     served_slug,
     ENGINE_INIT_S,
     startup_budget_s,
     startup_probe_timing,
-    topology_spread,
 )
+from components.serving.spread import topology_spread
 
 ROOT = Path(__file__).resolve().parent.parent
 POOL = GpuPoolInfo(
@@ -65,12 +65,33 @@ def model(**kw) -> ModelConfig:
     return ModelConfig.model_validate(base)
 
 
-def test_python_image_is_pinned():
-    assert re.fullmatch(r"python:3\.11\.\d+-slim-bookworm", PYTHON_IMAGE)
+RUNTIME_IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/gpuinfra/c/runtime@sha256:" + "ab" * 32
+
+
+def test_runtime_containers_run_the_runtime_image_and_mount_no_code():
+    """The drain sidecar and the pre-warm run the stack's runtime image by digest; no ConfigMap of
+    code is mounted anywhere in the pod."""
+    spec = pod_spec(model(cache={"kind": "pvc", "prewarm": True}), "llama", POOL, "aws", 120, None, RUNTIME_IMAGE)
+    init = {c["name"]: c for c in spec["initContainers"]}
+    assert {n: c["image"] for n, c in init.items()} == {"spot-drain": RUNTIME_IMAGE, "prewarm": RUNTIME_IMAGE}
+    assert init["prewarm"]["command"][:2] == ["python3", f"{IMAGE_RUNTIME_DIR}/prewarm.py"]
+    assert not [v for v in spec["volumes"] if "configMap" in v]
+
+
+def test_the_prestop_hook_runs_the_code_the_sidecar_installs():
+    spec = pod_spec(model(), "llama", POOL, "aws", 120, None, RUNTIME_IMAGE)
+    sidecar, vllm = spec["initContainers"][0], spec["containers"][0]
+    script = sidecar["command"][-1]
+    for f in HOOK_FILES:
+        assert f"{IMAGE_RUNTIME_DIR}/{f}" in script
+    assert script.endswith(f"exec python3 {IMAGE_RUNTIME_DIR}/drain.py watch")
+    assert vllm["lifecycle"]["preStop"]["exec"]["command"] == ["python3", f"{HOOK_DIR}/drain.py", "prestop"]
+    drain_mounts = {c["name"]: [m["mountPath"] for m in c["volumeMounts"] if m["name"] == "drain"] for c in (sidecar, vllm)}
+    assert all(HOOK_DIR.startswith(p[0] + "/") for p in drain_mounts.values()), drain_mounts
 
 
 def test_pod_is_guaranteed_and_pins_whole_cpus():
-    spec = pod_spec(model(), "llama", POOL, "aws", 120, "llama-hf-token")
+    spec = pod_spec(model(), "llama", POOL, "aws", 120, "llama-hf-token", RUNTIME_IMAGE)
     for c in spec["containers"] + spec["initContainers"]:
         r = c["resources"]
         assert r["requests"] == r["limits"], c["name"]
@@ -84,7 +105,7 @@ def test_affinity_and_tolerations_follow_the_pool():
     aff = node_affinity(POOL)
     term = aff["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]
     assert term["matchExpressions"] == [{"key": "gpuinfra.io/pool", "operator": "In", "values": ["h100"]}]
-    spec = pod_spec(model(), "llama", POOL, "aws", 120, None)
+    spec = pod_spec(model(), "llama", POOL, "aws", 120, None, RUNTIME_IMAGE)
     assert spec["tolerations"] == [GPU_TOLERATION]
 
 
@@ -102,20 +123,20 @@ def test_spot_pools_with_a_fallback_prefer_spot_nodes():
     assert "preferredDuringSchedulingIgnoredDuringExecution" not in node_affinity(existing)["nodeAffinity"]
 
 
-def test_spread_is_hard_across_nodes_and_soft_across_zones():
-    keys = {c["topologyKey"]: c["whenUnsatisfiable"] for c in topology_spread(model())}
-    assert keys == {"kubernetes.io/hostname": "DoNotSchedule", "topology.kubernetes.io/zone": "ScheduleAnyway"}
+def test_spread_is_hard_across_nodes_and_zones():
+    keys = {c["topologyKey"]: c["whenUnsatisfiable"] for c in topology_spread({"app": "x"}, 2)}
+    assert keys == {"kubernetes.io/hostname": "DoNotSchedule", "topology.kubernetes.io/zone": "DoNotSchedule"}
 
 
 def test_sidecar_reads_its_drain_reason_from_the_api_and_polls_no_metadata_server():
     """Pods cannot reach IMDS at hop limit 1 (EKS) or instance/preempted under GKE Workload
     Identity: no metadata watcher ships; the sidecar learns the reason from the API instead."""
-    c = drain_sidecar(model())
+    c = drain_sidecar(model(), RUNTIME_IMAGE)
     env = {e["name"]: e for e in c["env"]}
     assert not {"SPOT_PROVIDERS", "AWS_IMDS_ENDPOINT", "GCE_METADATA_ENDPOINT"} & set(env)
     assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
-    spec = pod_spec(model(), "llama", POOL, "aws", 120, None)
+    spec = pod_spec(model(), "llama", POOL, "aws", 120, None, RUNTIME_IMAGE)
     assert spec["automountServiceAccountToken"] is False and spec["serviceAccountName"] == "llama-drain"
     token_mounts = [(x["name"], m["name"]) for x in spec["containers"] + spec["initContainers"]
                     for m in x["volumeMounts"] if m["name"] == "drain-api"]
@@ -171,7 +192,7 @@ def test_online_fp8_reads_the_bf16_checkpoint():
 
 
 def test_torch_compile_cache_lives_on_the_model_cache():
-    (vllm,) = pod_spec(model(), "llama", POOL, "aws", 120, None)["containers"]
+    (vllm,) = pod_spec(model(), "llama", POOL, "aws", 120, None, RUNTIME_IMAGE)["containers"]
     env = {e["name"]: e.get("value") for e in vllm["env"]}
     mounts = {v["mountPath"]: v["name"] for v in vllm["volumeMounts"]}
     assert env["VLLM_CACHE_ROOT"].startswith("/models/") and mounts["/models"] == "model-cache"
@@ -271,7 +292,8 @@ def test_hpa_fallback_uses_an_external_metric():
 
 
 def test_alerts_cover_every_required_signal():
-    rules = alert_rules(model(), "llama", "llm-serving", AlertThresholds(queue_backlog=20, ttft_p99_seconds=2.5))
+    rules = alert_rules(model(), "llama", "llm-serving", AlertThresholds(queue_backlog=20, ttft_p99_seconds=2.5),
+                        AlertSignals(cuda_tracing=True, spot=True))
     by = {r["alert"]: r for r in rules}
     assert set(by) == {"VllmQueueBacklog", "VllmKvCacheNearlyFull", "VllmTtftP99High", "CudaLaunchStall", "VllmSpotDrainStarted"}
     assert "vllm:num_requests_waiting" in by["VllmQueueBacklog"]["expr"] and "> 20" in by["VllmQueueBacklog"]["expr"]
@@ -288,6 +310,19 @@ def test_alerts_cover_every_required_signal():
         assert r["labels"]["severity"] in {"info", "warning", "critical"}
 
 
+@pytest.mark.parametrize("cuda, spot, absent", [
+    (False, True, {"CudaLaunchStall"}),
+    (True, False, {"VllmSpotDrainStarted"}),
+    (False, False, {"CudaLaunchStall", "VllmSpotDrainStarted"}),
+])
+def test_an_alert_is_rendered_only_with_the_signal_it_watches(cuda, spot, absent):
+    """CudaLaunchStall reads the agent's CUDA histogram, which exists only with cuda_uprobes on
+    (off by default); a spot-drain alert on an on-demand pool can never fire."""
+    every = {r["alert"] for r in alert_rules(model(), "llama", "ns", AlertThresholds(), AlertSignals(True, True))}
+    got = {r["alert"] for r in alert_rules(model(), "llama", "ns", AlertThresholds(), AlertSignals(cuda, spot))}
+    assert got == every - absent
+
+
 def test_cuda_metric_is_the_one_the_ebpf_agent_exports():
     agent = (ROOT / "bpf" / "agent" / "metrics.py").read_text()
     assert f'"{CUDA_METRIC}"' in agent
@@ -296,7 +331,7 @@ def test_cuda_metric_is_the_one_the_ebpf_agent_exports():
 
 def test_rule_groups_have_names():
     spec = prometheus_rule_spec(model(), "llama", "ns", AlertThresholds())
-    assert spec["groups"][0]["name"] == "vllm-llama" and len(spec["groups"][0]["rules"]) == 5
+    assert spec["groups"][0]["name"] == "vllm-llama" and len(spec["groups"][0]["rules"]) == 4
 
 
 def test_dashboard_covers_the_required_panels():
@@ -358,7 +393,8 @@ def test_pod_regex_matches_only_its_own_deployments_pods(name, extra, rs, suffix
 
 def test_ebpf_series_of_a_tier_exclude_the_longer_named_tier():
     economy_pod = "llama-70b-economy-7d9f8c6b5-x2k9q"
-    rules = {r["alert"]: r for r in alert_rules(model(name="llama-70b"), "llama-70b", "ns", AlertThresholds())}
+    rules = {r["alert"]: r for r in alert_rules(model(name="llama-70b"), "llama-70b", "ns", AlertThresholds(),
+                                                AlertSignals(cuda_tracing=True))}
     exprs = [rules["CudaLaunchStall"]["expr"]] + [
         t["expr"] for p in dashboard(model(name="llama-70b"), "llama-70b", "ns")["panels"]
         for t in p["targets"] if "ebpf_" in t["expr"]
@@ -388,21 +424,13 @@ def test_dashboard_uid_is_short_and_injective(ns, stem, t1, t2):
     assert (a == b) == (t1 == t2), (a, b)
 
 
-def test_runtime_ships_every_script_and_imports_only_pinned_packages():
-    """The standard library, the shipped scripts, and what runtime/requirements.txt pins (the
-    `kubernetes` client and `prometheus_client`, which the vLLM image also has)."""
-    files = runtime_files()
-    assert set(files) == {"drain.py", "sidecar.py", "deadline_http.py", "disruption.py", "prewarm.py"}
-    pinned = {"kubernetes": "kubernetes", "prometheus-client": "prometheus_client"}
-    reqs = (RUNTIME_DIR / "requirements.txt").read_text()
-    assert set(re.findall(r"^([a-z-]+)==", reqs, re.M)) == set(pinned)
+def test_the_prestop_hook_is_stdlib_only():
+    """The hook runs in the vLLM image's python3, which has none of the runtime image's packages."""
+    files = {f: (ROOT / "runtime" / f).read_text() for f in HOOK_FILES}
     for name, text in files.items():
-        imports = re.findall(r"^\s*(?:from|import) ([a-z_.]+)", text, re.M)
+        imports = re.findall(r"^(?:from|import) ([a-z_.]+)", text, re.M)
         shipped = {f.removesuffix(".py") for f in files}
-        ok = sys.stdlib_module_names | shipped | set(pinned.values()) | {"__future__"}
-        assert all(i.split(".")[0] in ok for i in imports), (name, imports)
-    prestop_side = re.findall(r"^(?:from|import) ([a-z_.]+)", files["drain.py"], re.M)
-    assert "kubernetes" not in prestop_side, "the preStop runs in the vLLM image: no kubernetes client there"
+        assert all(i.split(".")[0] in sys.stdlib_module_names | shipped or i == "__future__" for i in imports), (name, imports)
 
 
 def test_prewarm_reads_weight_files_within_budget(tmp_path):

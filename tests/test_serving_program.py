@@ -12,7 +12,7 @@ import pytest
 from components.platform.cluster_handle import CAPACITY_LABEL
 from components.serving.config import VLLM_IMAGE
 from components.platform.addons_values import KEDA_CHART, KPS_CHART
-from components.serving.pod_spec import HF_TOKEN_KEY, PYTHON_IMAGE, shared_service_name
+from components.serving.pod_spec import HF_TOKEN_KEY, shared_service_name
 from components.serving.vllm_args import vllm_args
 from tests.support import validate_core_objects
 from tools.offline import PROJECT, parsed_config, run_program, stack_config
@@ -94,7 +94,7 @@ def test_probes_and_drain_hook(any_run):
         assert sidecar["restartPolicy"] == "Always", f"{comp.urn}: the drain sidecar must be a native sidecar"
         assert sidecar["readinessProbe"]["httpGet"]["path"] == "/ready", comp.urn
         assert sidecar["readinessProbe"]["periodSeconds"] == 1, comp.urn
-        assert sidecar["image"] == PYTHON_IMAGE, comp.urn
+        assert "/runtime@sha256:" in sidecar["image"], comp.urn
 
 
 def test_termination_grace_covers_prestop_and_shutdown(any_run):
@@ -181,8 +181,11 @@ def test_pdb_monitoring_rules_dashboard_and_autoscaler_exist(any_run):
         rules = one(kids, "kubernetes:monitoring.coreos.com/v1:PrometheusRule", comp).inputs
         assert rules["metadata"]["labels"]["release"] == release, comp.urn
         alerts = {r["alert"] for g in rules["spec"]["groups"] for r in g["rules"]}
-        assert {"VllmQueueBacklog", "VllmKvCacheNearlyFull", "VllmTtftP99High", "CudaLaunchStall",
-                "VllmSpotDrainStarted"} <= alerts, comp.urn
+        cuda = cfg.ebpf_agent.enabled and cfg.ebpf_agent.cuda_uprobes.enabled
+        spot = cfg.pool(p.cluster, p.pool).capacity == "spot"
+        assert {"VllmQueueBacklog", "VllmKvCacheNearlyFull", "VllmTtftP99High"} <= alerts, comp.urn
+        assert ("CudaLaunchStall" in alerts) == cuda, comp.urn
+        assert ("VllmSpotDrainStarted" in alerts) == spot, comp.urn
         dash = [c for c in kids.get("kubernetes:core/v1:ConfigMap", [])
                 if c.inputs["metadata"]["labels"].get("grafana_dashboard") == "1"]
         assert len(dash) == 1, comp.urn

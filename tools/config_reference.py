@@ -1,6 +1,6 @@
-"""Generates the README's configuration reference from the config model: `python -m tools.config_reference`.
+"""Generates the configuration reference (docs/config-reference.md) from the config model: `python -m tools.config_reference`.
 
-The README embeds this output between markers; a test fails when the two drift apart.
+docs/config-reference.md embeds this output between markers; a test fails when the two drift apart.
 """
 
 from __future__ import annotations

@@ -54,6 +54,16 @@ def _eks_cluster(name: str) -> dict[str, Any]:
     }
 
 
+def _image_build(name: str, inputs: dict[str, Any]) -> dict[str, Any]:
+    """pulumi-docker-build's Image after a push: a digest that is a function of what was built (the
+    context's content hash the program labels it with, the tags, the platforms), so the render is
+    deterministic and a change of an image's sources changes its digest in every pod that runs it."""
+    built = json.dumps({k: inputs.get(k) for k in ("labels", "tags", "platforms", "dockerfile", "context")}, sort_keys=True)
+    digest = f"sha256:{hashlib.sha256(built.encode()).hexdigest()}"
+    tags = inputs.get("tags") or []
+    return {"digest": digest, "ref": f"{tags[0]}@{digest}" if tags else "", "contextHash": _hex(built, 64)}
+
+
 # type token -> fn(name, inputs) -> computed outputs merged over the inputs
 RESOURCE_OUTPUTS: dict[str, Callable[[str, dict[str, Any]], dict[str, Any]]] = {
     "aws:sqs/queue:Queue": lambda n, i: {
@@ -92,6 +102,17 @@ RESOURCE_OUTPUTS: dict[str, Callable[[str, dict[str, Any]], dict[str, Any]]] = {
     "gcp:serviceaccount/account:Account": lambda n, i: {"email": f"{i.get('accountId', n)}@{i.get('project', 'p')}.iam.gserviceaccount.com", "name": f"projects/p/serviceAccounts/{n}"},
     "gcp:compute/router:Router": lambda n, i: {"selfLink": f"https://www.googleapis.com/compute/v1/projects/p/regions/r/routers/{i.get('name', n)}"},
     "gcp:container/nodePool:NodePool": lambda n, i: {"instanceGroupUrls": [], "managedInstanceGroupUrls": []},
+    "docker-build:index:Image": _image_build,
+    "aws:ecr/repository:Repository": lambda n, i: {
+        "repositoryUrl": f"{ACCOUNT}.dkr.ecr.us-east-1.amazonaws.com/{i.get('name', n)}",
+        "registryId": ACCOUNT,
+        "arn": _arn("ecr", "us-east-1", f"repository/{i.get('name', n)}"),
+    },
+    "gcp:artifactregistry/repository:Repository": lambda n, i: {
+        "name": i.get("repositoryId", n),
+        "id": f"projects/{i.get('project', 'p')}/locations/{i.get('location', 'l')}/repositories/{i.get('repositoryId', n)}",
+        "registryUri": f"{i.get('location', 'l')}-docker.pkg.dev/{i.get('project', 'p')}/{i.get('repositoryId', n)}",
+    },
     # Another stack's outputs, as `pulumi.StackReference` reads them: a `kubeconfigs` map keyed by
     # cluster name (the contract of this project's own stacks) and a plain `kubeconfig`, both secret.
     "pulumi:pulumi:StackReference": lambda n, i: {
@@ -104,16 +125,38 @@ RESOURCE_OUTPUTS: dict[str, Callable[[str, dict[str, Any]], dict[str, Any]]] = {
     },
 }
 
+# What DescribeAvailabilityZones lists for the mocked account in us-east-1: (name, zone ID, zone type,
+# opt-in status, state). Zone names map to zone IDs per account; this mapping puts use1-az3 (no EKS
+# control planes) second, so a program that picks zones by position instead of by ID would use it. An
+# opted-in Local Zone comes first, as its name sorts first; a program that does not filter zone types
+# would put a subnet there.
+AWS_ZONES: list[tuple[str, str, str, str, str]] = [
+    ("us-east-1-bos-1a", "use1-bos1-az1", "local-zone", "opted-in", "available"),
+    ("us-east-1a", "use1-az1", "availability-zone", "opt-in-not-required", "available"),
+    ("us-east-1b", "use1-az3", "availability-zone", "opt-in-not-required", "available"),
+    ("us-east-1c", "use1-az2", "availability-zone", "opt-in-not-required", "available"),
+    ("us-east-1d", "use1-az4", "availability-zone", "opt-in-not-required", "available"),
+    ("us-east-1e", "use1-az5", "availability-zone", "opt-in-not-required", "available"),
+    ("us-east-1f", "use1-az6", "availability-zone", "opt-in-not-required", "available"),
+]
+_ZONE_FILTER_FIELDS = {"zone-type": 2, "opt-in-status": 3, "state": 4, "zone-name": 0, "zone-id": 1}
+
+
+def availability_zones(args: dict[str, Any], zones: list[tuple[str, str, str, str, str]]) -> dict[str, Any]:
+    """`aws.get_availability_zones` over `zones`, honouring its `state` argument and the EC2
+    `DescribeAvailabilityZones` filters the mock knows (an unknown filter name fails loudly)."""
+    keep = list(zones)
+    if args.get("state"):
+        keep = [z for z in keep if z[4] == args["state"]]
+    for f in args.get("filters") or []:
+        field_ = _ZONE_FILTER_FIELDS[f["name"]]
+        keep = [z for z in keep if z[field_] in f["values"]]
+    return {"names": [z[0] for z in keep], "zoneIds": [z[1] for z in keep], "id": "us-east-1"}
+
+
 # invoke token -> fn(args) -> result
 CALL_OUTPUTS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
-    # Zone names map to zone IDs per account; this mapping puts use1-az3 (no EKS control planes)
-    # second, so a program that picks zones by position instead of by ID would use it.
-    "aws:index/getAvailabilityZones:getAvailabilityZones": lambda a: {
-        "names": ["us-east-1a", "us-east-1b", "us-east-1c", "us-east-1d", "us-east-1e", "us-east-1f"],
-        "zoneIds": ["use1-az1", "use1-az3", "use1-az2", "use1-az4", "use1-az5", "use1-az6"],
-        "state": "available",
-        "id": "us-east-1",
-    },
+    "aws:index/getAvailabilityZones:getAvailabilityZones": lambda a: availability_zones(a, AWS_ZONES),
     # No EKS cluster exists yet (a first `pulumi up`); tests replace this to model an existing one.
     "aws:eks/getClusters:getClusters": lambda a: {"names": [], "id": a.get("region", "us-east-1")},
     "aws:index/getCallerIdentity:getCallerIdentity": lambda a: {
@@ -121,6 +164,17 @@ CALL_OUTPUTS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
         "arn": f"arn:aws:iam::{ACCOUNT}:user/ci",
         "userId": "AIDAMOCK",
         "id": ACCOUNT,
+    },
+    "aws:ecr/getAuthorizationToken:getAuthorizationToken": lambda a: {
+        "proxyEndpoint": f"https://{a.get('registryId', ACCOUNT)}.dkr.ecr.us-east-1.amazonaws.com",
+        "userName": "AWS",
+        "password": "mock-ecr-password",
+        "authorizationToken": base64.b64encode(b"AWS:mock-ecr-password").decode(),
+        "expiresAt": "2030-01-01T00:00:00Z",
+        "id": a.get("registryId", ACCOUNT),
+    },
+    "gcp:organizations/getClientConfig:getClientConfig": lambda a: {
+        "accessToken": "mock-gcp-access-token", "project": "p", "region": "us-central1", "zone": "", "id": "mock",
     },
     "aws:index/getPartition:getPartition": lambda a: {"partition": "aws", "dnsSuffix": "amazonaws.com", "id": "aws"},
     "aws:index/getRegion:getRegion": lambda a: {"name": a.get("name", "us-east-1"), "region": a.get("region", "us-east-1"), "id": "us-east-1"},

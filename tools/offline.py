@@ -54,6 +54,7 @@ class Registered:
     secret_paths: list[str] = field(default_factory=list)
     provider: str = ""
     dependencies: list[str] = field(default_factory=list)
+    ignore_changes: list[str] = field(default_factory=list)
 
     @property
     def is_kubernetes_object(self) -> bool:
@@ -196,6 +197,7 @@ class _RecordingMonitor(pmocks.MockMonitor):
                     secret_paths=secrets,
                     provider=request.provider,
                     dependencies=list(request.dependencies),
+                    ignore_changes=list(request.ignoreChanges),
                 )
             )
         return resp
@@ -279,10 +281,15 @@ def engine_config(config: dict[str, Any], secrets: dict[str, str] | None = None)
 
 def offline_secrets(config: dict[str, Any]) -> dict[str, str]:
     """Placeholder values for secrets a stack needs but keeps out of its file (`hf_token`)."""
+    from components.config_loader import alert_secret_keys
+
     key = f"{PROJECT}:hf_token"
     models = config.get(f"{PROJECT}:models") or []
     needs_token = any(isinstance(m, dict) and m.get("gated") for m in models)
-    return {key: OFFLINE_SECRET_PLACEHOLDER} if needs_token and key not in config else {}
+    out = {key: OFFLINE_SECRET_PLACEHOLDER} if needs_token and key not in config else {}
+    alert_keys = alert_secret_keys({"observability": config.get(f"{PROJECT}:observability")})
+    out.update({f"{PROJECT}:{k}": OFFLINE_SECRET_PLACEHOLDER for k in sorted(alert_keys) if f"{PROJECT}:{k}" not in config})
+    return out
 
 
 def run_program(
@@ -356,3 +363,13 @@ def parsed_config(run: ProgramRun):
 
     raw, secrets = project_values(run.config, run.secret_keys, PROJECT)
     return parse_stack_config(raw, run.stack, secrets)
+
+
+def stack_model(stack: str):
+    """`stack`'s validated `StackConfig` straight from its file, without running the program
+    (secrets kept out of the file get the offline placeholders)."""
+    from components.config_loader import parse_stack_config, project_values
+
+    values, secret_keys = engine_config(stack_config(stack), offline_secrets(stack_config(stack)))
+    raw, secrets = project_values(values, secret_keys, PROJECT)
+    return parse_stack_config(raw, stack, secrets)

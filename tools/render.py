@@ -24,7 +24,7 @@ from typing import Any
 import yaml
 
 from components.config_loader import ConfigError
-from components.cost import cost_table_lines, estimate_stack_cost
+from components.cost import cost_table_lines, estimate_whole_stack, platform_table_lines
 from tools.offline import ROOT, ProgramRun, Registered, available_stacks, manifest, parsed_config, run_program
 
 
@@ -146,7 +146,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     written = write_render(run, out_dir)
-    print("\n".join(summary_rows(run) + config_rows(run) + cost_table_lines(estimate_stack_cost(parsed_config(run)))))
+    cost = estimate_whole_stack(parsed_config(run))
+    print("\n".join(summary_rows(run) + config_rows(run) + cost_table_lines(cost.gpu) + platform_table_lines(cost)))
     print(f"\nwrote {len(written)} files under {out_dir}")
     return 0
 

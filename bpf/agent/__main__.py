@@ -45,8 +45,19 @@ def preflight(s: config.Settings) -> str | None:
         return f"kernel BTF {BTF} is missing: the CO-RE objects cannot be relocated (kernel needs CONFIG_DEBUG_INFO_BTF=y)"
     try:
         pins.check(s.pin_dir)
+        pins.check_writable(s.pin_dir)
     except pins.PinDirError as e:
         return str(e)
+    return None
+
+
+def cgroup_problem(programs: tuple[str, ...], cgroup_path: str) -> str | None:
+    """sock_ops attaches to, and tcpbp's labels come from, a cgroup2 directory."""
+    if not {"sockredir", "tcpbp"} & set(programs):
+        return None
+    if not os.path.isdir(cgroup_path) or pins.fs_magic(cgroup_path) != pins.CGROUP2_SUPER_MAGIC:
+        return (f"--cgroup-path {cgroup_path} is not a cgroup2 directory (mount the host's /sys/fs/cgroup "
+                f"read-only there; docs/ebpf-agent.md)")
     return None
 
 
@@ -56,11 +67,11 @@ def main(argv: list[str] | None = None) -> int:
     route_log_to_logging()
     if s.uninstall:
         try:
-            pins.uninstall(s.pin_dir)
-        except pins.PinDirError as e:
-            log.error("%s", e)
+            returned = pins.uninstall(s.pin_dir)
+        except OSError as e:  # PinDirError, or a pinned map that cannot be opened or emptied
+            log.error("uninstall %s: %s", s.pin_dir, e)
             return 1
-        log.info("removed %s", s.pin_dir)
+        log.info("returned %d sockets to TCP and removed the pins under %s", returned, s.pin_dir)
         return 0
     problem = preflight(s)
     if problem:
@@ -75,6 +86,11 @@ def main(argv: list[str] | None = None) -> int:
     if cgroup_path == "auto":
         with open("/proc/self/mountinfo") as f:
             cgroup_path = find_cgroup2_mount(f.read()) or "/sys/fs/cgroup"
+    problem = cgroup_problem(s.programs, cgroup_path)
+    if problem:
+        log.error("%s", problem)
+        lock.release()
+        return 2
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())

@@ -118,7 +118,7 @@ FLAGS = [
     ("--bpf-dir", str, DEFAULT_BPF_DIR, "Directory with the compiled *.bpf.o files."),
     ("--programs", _programs, ",".join(PROGRAMS), "Comma list of programs to run: sockredir,cudalat,tcpbp."),
     ("--ports", _ports, "8000", "Comma list (max 16, no duplicates) of server TCP ports whose same-node connections sockredir accelerates."),
-    ("--allow-clients", _allow, "", "Comma list of whose client sockets sockredir may accelerate: cgroup:<path under --cgroup-path> (its subtree) or namespace:<k8s namespace>. Empty: none."),
+    ("--allow-clients", _allow, "", "Comma list of whose sockets sockredir may pair, client and server end alike (both ends must be on it): cgroup:<path under --cgroup-path> (its subtree) or namespace:<k8s namespace>. Empty: sockredir does not load (it would accelerate nothing)."),
     ("--cgroup-path", str, "auto", "cgroup2 directory sock_ops attaches to; auto = first cgroup2 mount in /proc/self/mountinfo."),
     ("--pin-dir", str, "/sys/fs/bpf/gpuinfra", "bpffs directory for pinned maps (<pin-dir>/<program>/<map>)."),
     ("--unpin-on-exit", _bool, "false", "Remove pinned maps on clean exit (counters then restart from 0)."),
@@ -156,7 +156,8 @@ def parse(argv: list[str] | None = None, environ: dict[str, str] | None = None) 
         p.add_argument(flag, type=typ, default=value,
                        help=f"{help_} Env {env_name(flag)}. Default: {default!r}.")
     p.add_argument("--uninstall", action="store_true",
-                   help="Remove everything under --pin-dir (taking the node lock) and exit.")
+                   help="Return every accelerated socket to plain TCP (empty the pinned sockhash), remove "
+                        "everything under --pin-dir (taking the node lock) and exit.")
     a = p.parse_args(argv)
     return Settings(uninstall=a.uninstall, 
         bpf_dir=a.bpf_dir, programs=a.programs, ports=a.ports, cgroup_path=a.cgroup_path,

@@ -49,6 +49,8 @@ _sig("bpf_map_delete_elem", ctypes.c_int, ctypes.c_int, _vp)
 _sig("bpf_map_update_elem", ctypes.c_int, ctypes.c_int, _vp, _vp, ctypes.c_uint64)
 _sig("bpf_map_get_next_key", ctypes.c_int, ctypes.c_int, _vp, _vp)
 _sig("libbpf_num_possible_cpus", ctypes.c_int)
+_sig("bpf_obj_get", ctypes.c_int, _cp)
+_sig("bpf_obj_get_info_by_fd", ctypes.c_int, ctypes.c_int, _vp, ctypes.POINTER(ctypes.c_uint32))
 
 # enum bpf_attach_type (include/uapi/linux/bpf.h)
 BPF_SK_MSG_VERDICT = 7
@@ -186,6 +188,35 @@ class Map:
             if v is not None:
                 out.append((k, v))
         return out
+
+
+class PinnedMap:
+    """A map pinned in bpffs, opened by path (no object file needed): what --uninstall empties."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.fd = _lib.bpf_obj_get(path.encode())
+        if self.fd < 0:
+            _raise(f"open pinned map {path}")
+        info = ctypes.create_string_buffer(128)  # struct bpf_map_info: type, id, key_size, ...
+        size = ctypes.c_uint32(len(info))
+        err = _lib.bpf_obj_get_info_by_fd(self.fd, info, ctypes.byref(size))
+        if err:
+            os.close(self.fd)
+            _raise(f"map info {path}", err)
+        self.key_size = int.from_bytes(info.raw[8:12], "little")
+
+    def clear(self) -> int:
+        """Deletes every entry; returns how many went."""
+        n, key = 0, ctypes.create_string_buffer(self.key_size)
+        while _lib.bpf_map_get_next_key(self.fd, None, key) == 0:
+            if _lib.bpf_map_delete_elem(self.fd, key):
+                _raise(f"delete from {self.path}")
+            n += 1
+        return n
+
+    def close(self) -> None:
+        os.close(self.fd)
 
 
 class Program:

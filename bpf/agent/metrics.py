@@ -99,14 +99,25 @@ class AgentCollector:
                 "errors": "Sockets that could not be inserted or had an unsupported address family.",
                 "inserted": "Established TCP sockets on the configured ports added to the sockhash.",
                 "removed": "Accelerated sockets removed from the sockhash on TCP_CLOSE.",
-                "not_allowed": "Client sockets on a configured port whose cgroup is not on the allow-list (left on TCP).",
-                "unpaired": "Server sockets whose client is not in the sockhash (remote or not allowed; left on TCP).",
-                "flow_control": "Sockets moved back to TCP because the peer's redirected queue reached its sk_rcvbuf.",
+                "not_allowed": "Sockets (client or server) on a configured port whose cgroup is not on the "
+                               "allow-list (left on TCP).",
+                "unpaired": "Server sockets with no client of the same tuple and handshake sequence numbers "
+                            "(remote, not allowed, or another namespace's tuple; left on TCP).",
+                "flow_control": "Messages sent via TCP because the peer's queue of redirected bytes reached its "
+                                "sk_rcvbuf.",
                 "evicted": "Client sockets removed from the sockhash at their first acknowledged TCP send because "
                            "no local server socket ever paired with them (remote servers, kube-proxy ClusterIPs).",
+                "ordered": "Messages sent via TCP because bytes of the same direction were still on the TCP path "
+                           "(unacknowledged, or delivered and unread) or the reader set SO_RCVLOWAT: a redirect "
+                           "would have overtaken them.",
+                "peer_mismatch": "Messages not redirected because the recorded peer did not name this socket back "
+                                 "or the sender's network namespace changed (never expected; a check that held).",
             }
             for name, help_ in helps.items():
                 yield CounterMetricFamily(f"ebpf_sockmap_{name}", help_, value=c[name])
+            yield GaugeMetricFamily("ebpf_sockmap_allowed_cgroups",
+                                    "Cgroups on sockredir's allow-list now (pods whose sockets may be paired); "
+                                    "0 means nothing is accelerated.", value=u.allowed)
         elif isinstance(u, CudaLat):
             families = {
                 False: HistogramMetricFamily(

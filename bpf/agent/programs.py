@@ -17,8 +17,12 @@ log = logging.getLogger(__name__)
 # sockredir.h
 SOCKREDIR_MAX_PORTS = 16
 SOCKREDIR_COUNTERS = ("redirected", "fallback", "errors", "inserted", "removed", "redirected_bytes",
-                      "not_allowed", "unpaired", "flow_control", "dropped", "evicted")
-SOCK_KEY = struct.Struct("=QIIHHI")  # struct sock_key: netns cookie, then network byte order
+                      "not_allowed", "unpaired", "flow_control", "dropped", "evicted", "ordered",
+                      "peer_mismatch")
+PAIR_KEY_SIZE = 32  # struct pair_key
+SOCK_CONN = struct.Struct("=QQQIIHHIIIII")
+"""struct sock_conn: addr, peer cookie, netns cookie, local/remote ip4 and port (network byte
+order), snd_nxt, rcv_nxt, client, redirecting, pad."""
 
 # cudalat.h: call kind (attach cookie) -> (library kind, symbol)
 CUDALAT_SLOTS = 40
@@ -134,7 +138,10 @@ class SockRedir(Unit):
     allow_clients: tuple[str, ...] = ()
     """Whose client sockets may be accelerated: `cgroup:<path under cgroup_path>` (its whole
     subtree) or `namespace:<k8s namespace>` (every pod cgroup the resolver names so)."""
-    pinned: tuple[str, ...] = ("sockredir_sockhash", "sockredir_counters")
+    pinned: tuple[str, ...] = ("sockredir_sockhash", "sockredir_conns", "sockredir_pending", "sockredir_counters")
+    allowed: int = 0
+    """How many cgroups the allow-list held after the last refresh (ebpf_sockmap_allowed_cgroups)."""
+    refreshes: int = 0
 
     def _start(self) -> None:
         if not 0 < len(self.ports) <= SOCKREDIR_MAX_PORTS:
@@ -142,6 +149,9 @@ class SockRedir(Unit):
         if len(set(self.ports)) != len(self.ports):
             raise ValueError(f"ports: duplicates in {list(self.ports)}")
         parse_allow(self.allow_clients)
+        if not self.allow_clients:
+            raise ValueError("allow-clients is empty: sockredir would accelerate nothing; allowed: "
+                             "cgroup:<path> or namespace:<name> entries naming the pods whose sockets may be paired")
         self.obj = self._open("sockredir.bpf.o")
         padded = list(self.ports) + [0] * (SOCKREDIR_MAX_PORTS - len(self.ports))
         self.obj.map(".rodata").write_initial(
@@ -151,7 +161,23 @@ class SockRedir(Unit):
         sockhash = self.obj.map("sockredir_sockhash")
         self.links.append(self.obj.program("sockredir_skmsg").attach_to_map(sockhash, BPF_SK_MSG_VERDICT))
         self.refresh_allow()
+        self.prune_stale()
         self.links.append(self.obj.program("sockredir_sockops").attach_cgroup(self.cgroup_path))
+
+    def prune_stale(self) -> int:
+        """Drops pinned entries of sockets that closed while no agent ran (their TCP_CLOSE callback
+        found no program): a conns entry whose socket left the sockhash (the kernel unlinks a
+        closing socket itself), a pending entry whose client has no conns entry. Returns how many."""
+        sockhash, conns, pending = (self.obj.map(m) for m in ("sockredir_sockhash", "sockredir_conns",
+                                                               "sockredir_pending"))
+        gone = [k for k in conns.keys(8) if sockhash.lookup(k, 8) is None]
+        n = sum(conns.delete(k) for k in gone)
+        for k, v in pending.items(PAIR_KEY_SIZE, 8):
+            if conns.lookup(v, SOCK_CONN.size) is None:
+                n += pending.delete(k)
+        if n:
+            log.info("sockredir: dropped %d map entries of sockets closed while no agent ran", n)
+        return n
 
     def allowed_ids(self, resolver=None) -> set[int]:
         """The cgroup ids the allow-list names now (namespaces need a CgroupResolver)."""
@@ -177,6 +203,11 @@ class SockRedir(Unit):
             m.delete(k)
         for k in want - have:
             m.update(k, b"\x01")
+        if not want and (self.allowed or not self.refreshes):  # on the way to empty, not every refresh
+            log.warning("sockredir allow-list %s names no cgroup now: nothing is accelerated "
+                        "(ebpf_sockmap_allowed_cgroups 0)", ",".join(self.allow_clients))
+        self.allowed = len(want)
+        self.refreshes += 1
         return len(want)
 
     def counters(self) -> dict[str, int]:
@@ -193,13 +224,23 @@ class SockRedir(Unit):
 
     def sockets(self) -> list[tuple[str, int, str, int]]:
         """(local ip, local port, remote ip, remote port) of every socket in the sockhash."""
+        return [c[:4] for c in self.conns()]
+
+    def conns(self) -> list[tuple[str, int, str, int, int, int]]:
+        """(local ip, local port, remote ip, remote port, own cookie, peer cookie) of every socket
+        in the sockhash; peer cookie 0 while its pair is not proven."""
         import socket
 
+        conns = self.obj.map("sockredir_conns")
         out = []
-        for k in self.obj.map("sockredir_sockhash").keys(SOCK_KEY.size):
-            _netns, lip, rip, lport, rport, _ = SOCK_KEY.unpack(k)
+        for k in self.obj.map("sockredir_sockhash").keys(8):
+            raw = conns.lookup(k, SOCK_CONN.size)
+            if not raw:
+                continue
+            _addr, peer, _netns, lip, rip, lport, rport, _snd, _rcv, _client, _redir, _ = SOCK_CONN.unpack(raw)
             out.append((socket.inet_ntoa(struct.pack("=I", lip)), socket.ntohs(lport),
-                        socket.inet_ntoa(struct.pack("=I", rip)), socket.ntohs(rport)))
+                        socket.inet_ntoa(struct.pack("=I", rip)), socket.ntohs(rport),
+                        struct.unpack("=Q", k)[0], peer))
         return out
 
 

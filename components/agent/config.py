@@ -8,7 +8,7 @@ from typing import Annotated, Literal, Optional
 
 from pydantic import Field, StringConstraints, field_validator, model_validator
 
-from components.config_types import IMAGE_REF, Base, Port, image_unpinned
+from components.config_types import Base, Port
 
 SOCKREDIR_MAX_PORTS = 16
 """The agent's sockredir port table holds at most 16 ports (`bpf/sockredir.h`, `bpf/agent/programs.py`)."""
@@ -71,8 +71,6 @@ class TcpBackpressureConfig(Base):
 class EbpfAgentConfig(Base):
     enabled: bool = True
     """Deploy the eBPF agent DaemonSet on every GPU node."""
-    image: str = "ghcr.io/gpuinfra/ebpf-agent:0.1.0"
-    """The agent image built from bpf/Dockerfile; pinned tag or digest."""
     metrics_port: Port = 9435
     """Port of the agent's Prometheus `/metrics` endpoint."""
     sockmap: SockmapConfig = SockmapConfig()
@@ -92,24 +90,13 @@ class EbpfAgentConfig(Base):
     kube-system the component adds the ResourceQuota that GKE requires for them."""
     pod_names_from_kubelet_logs: bool = True
     """Mount /var/log/containers and /var/log/pods read-only so metrics carry namespace/pod/container
-    names (without them: the cgroup path and short container id)."""
+    names (without them: the cgroup path and short container id). sockmap needs them: its allow-list
+    finds the serving namespace's pods through them."""
     seccomp_localhost_profile: Optional[str] = None
     """A seccomp profile installed on the nodes under the kubelet's seccomp dir (e.g.
-    `profiles/gpuinfra-ebpf-agent.json`) that allows bpf() and perf_event_open(). Unset: Unconfined
-    for the agent container (containerd's RuntimeDefault blocks bpf() without CAP_SYS_ADMIN)."""
+    `profiles/gpuinfra-ebpf-agent.json`) that allows bpf() and perf_event_open(). Unset: RuntimeDefault
+    (containerd >= 1.7 allows bpf() with CAP_BPF and perf_event_open() with CAP_PERFMON)."""
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
-
-    @field_validator("image")
-    @classmethod
-    def _pinned(cls, v: str) -> str:
-        if not IMAGE_REF.match(v):
-            raise ValueError(f"'{v}' is not an image reference; allowed: registry/name:tag or registry/name@sha256:<digest>")
-        if image_unpinned(v):
-            raise ValueError(
-                f"'{v}' is not pinned; allowed: an exact tag other than 'latest' (e.g. "
-                f"ghcr.io/gpuinfra/ebpf-agent:0.1.0) or an @sha256: digest"
-            )
-        return v
 
     @field_validator("seccomp_localhost_profile")
     @classmethod
@@ -120,6 +107,16 @@ class EbpfAgentConfig(Base):
                 f"directory, without '..' (e.g. profiles/gpuinfra-ebpf-agent.json)"
             )
         return v
+
+    @model_validator(mode="after")
+    def _sockmap_needs_pod_names(self):
+        if self.enabled and self.sockmap.enabled and not self.pod_names_from_kubelet_logs:
+            raise ValueError(
+                "pod_names_from_kubelet_logs: false leaves sockmap's allow-list empty (it finds the serving "
+                "namespace's pods through the kubelet log dirs), so nothing would be accelerated; allowed: "
+                "pod_names_from_kubelet_logs: true, or sockmap.enabled: false"
+            )
+        return self
 
     @model_validator(mode="after")
     def _some_program(self):

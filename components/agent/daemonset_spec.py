@@ -36,8 +36,13 @@ METRICS_PATH = "/metrics"
 PROGRAMS = ("sockredir", "cudalat", "tcpbp")
 """The agent's program names, in the order it loads them (`bpf/agent/config.py`)."""
 
-BPFFS = "/sys/fs/bpf"
-PIN_DIR = f"{BPFFS}/gpuinfra"
+BPFFS_HOST_DIR = "/sys/fs/bpf/gpuinfra"
+"""The agent's own directory in the host's bpffs (created by the kubelet if absent): its pins survive
+agent restarts, and the rest of /sys/fs/bpf (Cilium's pins) stays out of the container."""
+PIN_DIR = "/run/gpuinfra/bpffs"
+"""Where BPFFS_HOST_DIR is mounted in the container: outside /sys, because containerd's default
+AppArmor profile denies writes under /sys/fs/[^c]*/** (contrib/apparmor/template.go, the rule
+`deny /sys/fs/[^c]*/** wklx`), which would refuse every pin under a /sys/fs/bpf mount."""
 HOST_CGROUP_ROOT = "/sys/fs/cgroup"
 CGROUP_MOUNT = "/host/sys/fs/cgroup"
 """Where the host's cgroup2 root is mounted: the container's own /sys/fs/cgroup is its namespace."""
@@ -204,12 +209,13 @@ def resources(cfg: EbpfAgentConfig) -> dict[str, dict[str, str]]:
 
 
 def seccomp_profile(cfg: EbpfAgentConfig) -> dict[str, str]:
-    """containerd's RuntimeDefault profile allows bpf() and perf_event_open() only to containers
-    with CAP_SYS_ADMIN, which the agent must not hold; so this one container runs Unconfined,
-    unless the operator installed a Localhost profile that allows those two calls."""
+    """RuntimeDefault: containerd's default profile allows bpf() to a container whose bounding set
+    holds CAP_BPF and perf_event_open() to one holding CAP_PERFMON (contrib/seccomp/seccomp_default.go,
+    containerd PR #7301, in 1.7.0 and later and cherry-picked to 1.6.x), which the agent always has
+    (capabilities()). A Localhost profile the operator installed replaces it when configured."""
     if cfg.seccomp_localhost_profile:
         return {"type": "Localhost", "localhostProfile": cfg.seccomp_localhost_profile}
-    return {"type": "Unconfined"}
+    return {"type": "RuntimeDefault"}
 
 
 def container_security_context(cfg: EbpfAgentConfig, caps: Sequence[str]) -> dict[str, Any]:
@@ -228,17 +234,16 @@ def container_security_context(cfg: EbpfAgentConfig, caps: Sequence[str]) -> dic
 
 
 def volumes_and_mounts(cfg: EbpfAgentConfig) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """bpffs (pins survive agent restarts), the host cgroup2 root (read-only), a small /tmp, the
+    """The agent's bpffs directory (pins survive agent restarts), the host cgroup2 root (read-only), a small /tmp, the
     kubelet log dirs (read-only, for pod names) and any configured CUDA library files (read-only)."""
     volumes: list[dict[str, Any]] = [
-        {"name": "bpffs", "hostPath": {"path": BPFFS, "type": "Directory"}},
+        {"name": "bpffs", "hostPath": {"path": BPFFS_HOST_DIR, "type": "DirectoryOrCreate"}},
         {"name": "cgroup2", "hostPath": {"path": HOST_CGROUP_ROOT, "type": "Directory"}},
         {"name": "tmp", "emptyDir": {"medium": "Memory", "sizeLimit": "16Mi"}},
     ]
     mounts: list[dict[str, Any]] = [
-        # HostToContainer: a bpffs mounted on the host after the pod started still shows up here.
-        # Bidirectional is not needed (pins are files in the host's bpffs) and needs privileged.
-        {"name": "bpffs", "mountPath": BPFFS, "mountPropagation": "HostToContainer"},
+        # Only the agent's own subdirectory, read-write (pins are files in the host's bpffs).
+        {"name": "bpffs", "mountPath": PIN_DIR},
         {"name": "cgroup2", "mountPath": CGROUP_MOUNT, "readOnly": True},
         {"name": "tmp", "mountPath": "/tmp"},
     ]
@@ -263,12 +268,13 @@ def _probe(period_s: int, initial_delay_s: int, failures: int) -> dict[str, Any]
 
 
 def pod_spec(cfg: EbpfAgentConfig, ports: Sequence[int], pools: Sequence[GpuPoolInfo],
-             client_namespaces: Sequence[str] = ()) -> dict[str, Any]:
+             client_namespaces: Sequence[str] = (), *, image: Any) -> dict[str, Any]:
+    """`image`: the agent image by digest (the stack's build of bpf/, or images.prebuilt.agent)."""
     programs = enabled_programs(cfg, accelerated_ports(cfg, ports))
     volumes, mounts = volumes_and_mounts(cfg)
     container = {
         "name": CONTAINER_NAME,
-        "image": cfg.image,
+        "image": image,
         "imagePullPolicy": "IfNotPresent",
         "env": agent_env(cfg, ports, client_namespaces),
         "ports": [{"name": METRICS_PORT_NAME, "containerPort": cfg.metrics_port, "protocol": "TCP"}],
@@ -287,6 +293,12 @@ def pod_spec(cfg: EbpfAgentConfig, ports: Sequence[int], pools: Sequence[GpuPool
         "terminationGracePeriodSeconds": 30,  # SIGTERM detaches every program, then exits 0
         "affinity": gpu_node_affinity(pools),
         "tolerations": gpu_tolerations(pools),
+        # No appArmorProfile, on purpose: the kubelet refuses a pod naming any profile but Unconfined
+        # on a node without AppArmor (pkg/security/apparmor/validate.go `isRequired`: "AppArmor is
+        # not enabled on the host"), which EKS's AL2023 is; where AppArmor is on (GKE's COS),
+        # containerd applies its default profile to a non-privileged container naming none. That
+        # profile denies writes under /sys/fs/bpf, hence PIN_DIR (checked against its rules in
+        # tests/test_ebpf_agent_spec.py).
         "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
         "containers": [container],
         "volumes": volumes,
@@ -295,7 +307,7 @@ def pod_spec(cfg: EbpfAgentConfig, ports: Sequence[int], pools: Sequence[GpuPool
 
 def daemonset_spec(
     cfg: EbpfAgentConfig, ports: Sequence[int], pools: Sequence[GpuPoolInfo], platform_labels: dict[str, str],
-    client_namespaces: Sequence[str] = (),
+    client_namespaces: Sequence[str] = (), *, image: Any,
 ) -> dict[str, Any]:
     """One agent per GPU node. Rolling update one node in ten at a time (at least one), no surge: two
     agents on one node would share the pinned maps. Traffic keeps flowing while an agent restarts
@@ -307,7 +319,7 @@ def daemonset_spec(
         "revisionHistoryLimit": 5,
         "template": {
             "metadata": {"labels": object_labels(platform_labels)},
-            "spec": pod_spec(cfg, ports, pools, client_namespaces),
+            "spec": pod_spec(cfg, ports, pools, client_namespaces, image=image),
         },
     }
 

@@ -41,6 +41,8 @@ class EbpfAgentArgs:
     """The cluster's GPU pools: the agent runs on nodes matching any pool's node selector."""
     observability: ObservabilityConfig
     labels: dict[str, str]
+    image: pulumi.Input[str]
+    """The agent image by digest (ProjectImages.refs["agent"])."""
     client_namespaces: tuple[str, ...] = ()
     """Namespaces whose pods' client sockets sockredir may accelerate (the serving namespace)."""
 
@@ -57,7 +59,9 @@ class EbpfAgent(pulumi.ComponentResource):
         super().__init__("gpuinfra:ebpf:EbpfAgent", name, None, opts)
         cfg = args.config
         # Decide everything before the first child, so a bad input registers nothing.
-        ds_spec = daemonset_spec(cfg, args.sockmap_ports, args.gpu_pools, args.labels, args.client_namespaces)
+        ds_spec = daemonset_spec(
+            cfg, args.sockmap_ports, args.gpu_pools, args.labels, args.client_namespaces, image=args.image
+        )
         quota_spec = critical_pods_quota_spec(cfg)
         labels = object_labels(args.labels)
         # Children wait for what the component waits for (the add-ons: namespace, Prometheus

@@ -41,6 +41,7 @@ class CiliumArgs:
 class Cilium(pulumi.ComponentResource):
     release: k8s.helm.v3.Release
     operator_role: aws.iam.Role
+    operator_policy: aws.iam.RolePolicy
 
     def __init__(self, name: str, args: CiliumArgs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("gpuinfra:cilium:Cilium", name, None, opts)
@@ -55,7 +56,7 @@ class Cilium(pulumi.ComponentResource):
             ),
             opts=on_aws,
         )
-        aws.iam.RolePolicy(
+        self.operator_policy = aws.iam.RolePolicy(
             f"{name}-operator-eni",
             role=self.operator_role.id,
             policy=json.dumps(operator_policy()),
@@ -78,6 +79,12 @@ class Cilium(pulumi.ComponentResource):
             # group (created next) only becomes Ready once they run. Waiting would deadlock. The
             # agent DaemonSet tolerates every taint, including not-ready (chart default tolerations).
             skip_await=True,
-            opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(provider=args.k8s_provider)),
+            # The operator attaches ENIs to every node (system and Karpenter's) and needs its EC2
+            # policy for as long as one runs: everything that makes nodes waits for this release,
+            # so `pulumi destroy` deletes the policy only after the last node group and NodePool.
+            opts=pulumi.ResourceOptions.merge(
+                child,
+                pulumi.ResourceOptions(provider=args.k8s_provider, depends_on=[self.operator_role, self.operator_policy]),
+            ),
         )
         self.register_outputs({"release": self.release.name, "operatorRoleArn": self.operator_role.arn})

@@ -21,6 +21,7 @@ import pulumi_kubernetes as k8s
 
 from components.aws.eks import (
     CNI_TAG,
+    cni_guard_unreadable,
     SYSTEM_NODE_LABEL,
     SYSTEM_NODE_METADATA_OPTIONS,
     check_cni_unchanged,
@@ -30,13 +31,14 @@ from components.aws.eks import (
     endpoint_from_kubeconfig,
     system_node_taints,
 )
-from components.aws.facts import control_plane_zones
+from components.aws.facts import AVAILABILITY_ZONE_FILTERS, pick_zone_ids
 from components.aws.karpenter_specs import pool_cache_disk
 from components.aws.names import iam_role_name
 from components.aws.network import nat_gateway_count, subnet_layout
 from components.aws.cilium import Cilium, CiliumArgs
 from components.platform.cluster_handle import GPU_TOLERATION, POOL_LABEL, ClusterHandle, pool_info
 from components.aws.config import AwsCluster
+from components.config_loader import ConfigError
 from components.config_types import Environment
 from components.aws.karpenter import Karpenter, KarpenterArgs
 from components.aws.device_plugin import (
@@ -64,20 +66,20 @@ class AwsGpuCluster(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: AwsGpuClusterArgs, opts: Optional[pulumi.ResourceOptions] = None):
         c = args.config
-        # Before anything is registered: a CNI switch on an existing cluster is refused.
-        check_cni_unchanged(c, existing_cluster_cni(c.name, c.region))
         super().__init__("gpuinfra:aws:AwsGpuCluster", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         tags = {**args.tags, "gpuinfra.io/cluster": c.name, "gpuinfra.io/environment": args.environment}
 
         # This component owns the cluster, so it owns the providers that reach it.
         aws_provider = aws.Provider(f"{name}-aws", region=c.region, default_tags={"tags": tags}, opts=child)
-        on_aws = pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(provider=aws_provider))
+        # The CNI guard reads the cluster through this provider (its region is the cluster's). Every
+        # AWS resource here waits for it: a CNI switch on an existing cluster, or no credentials to
+        # check, stops this cluster before any of its resources, and no other cluster of the stack.
+        cni = checked_cni_mode(c, aws_provider)
+        guarded = pulumi.ResourceOptions(depends_on=[cni.apply(lambda _: aws_provider)])
+        on_aws = pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(provider=aws_provider, depends_on=guarded.depends_on))
 
         # --- network ------------------------------------------------------------------------
-        azs = aws.get_availability_zones_output(
-            state="available", opts=pulumi.InvokeOutputOptions(provider=aws_provider)
-        )
         vpc = aws.ec2.Vpc(
             f"{name}-vpc",
             cidr_block=str(c.network.vpc_cidr),
@@ -95,18 +97,16 @@ class AwsGpuCluster(pulumi.ComponentResource):
         )
         private_ids, public_ids, nats = [], [], []
         nat_count = nat_gateway_count(c.network.availability_zones, c.network.single_nat_gateway)
-        zones = pulumi.Output.all(azs.names, azs.zone_ids).apply(
-            lambda a: control_plane_zones(a[0], a[1], c.network.availability_zones)
-        )
+        zones, subnet_opts = availability_zone_ids(c, aws_provider, on_aws)
         for plan in subnet_layout(c.network.vpc_cidr, c.network.availability_zones):
-            az = zones.apply(lambda z, i=plan.az_index: z[i][1])
+            az = zones[plan.az_index]
             public = aws.ec2.Subnet(
                 f"{name}-public-{plan.az_index}",
                 vpc_id=vpc.id,
                 cidr_block=str(plan.public),
                 availability_zone_id=az,
                 tags={"Name": f"{c.name}-public-{plan.az_index}", "kubernetes.io/role/elb": "1"},
-                opts=on_aws,
+                opts=subnet_opts,
             )
             aws.ec2.RouteTableAssociation(
                 f"{name}-public-{plan.az_index}", subnet_id=public.id, route_table_id=public_rt.id, opts=on_aws
@@ -132,7 +132,7 @@ class AwsGpuCluster(pulumi.ComponentResource):
                     "kubernetes.io/role/internal-elb": "1",
                     DISCOVERY_TAG: c.name,
                 },
-                opts=on_aws,
+                opts=subnet_opts,
             )
             private_rt = aws.ec2.RouteTable(
                 f"{name}-private-{plan.az_index}",
@@ -167,10 +167,13 @@ class AwsGpuCluster(pulumi.ComponentResource):
             public_subnet_ids=public_ids,
             encryption_config_key_arn=kms_key.arn if kms_key else None,
             tags=tags,
-            cluster_tags={CNI_TAG: cni_mode(c)},
+            cluster_tags={CNI_TAG: cni},
             **eks_cluster_settings(c),
             opts=pulumi.ResourceOptions.merge(
-                child, pulumi.ResourceOptions(providers={"aws": aws_provider}, aliases=[pulumi.Alias(name=f"{name}-eks")])
+                child,
+                pulumi.ResourceOptions(
+                    providers={"aws": aws_provider}, aliases=[pulumi.Alias(name=f"{name}-eks")], depends_on=guarded.depends_on
+                ),
             ),
         )
         # The name we gave EKS, as an Output of the cluster so that users wait for it to exist.
@@ -315,7 +318,13 @@ class AwsGpuCluster(pulumi.ComponentResource):
             interruption_queue_arn=queue_arn,
             native=self.cluster,
             ready_after=cluster_ready,
-            extras={"vpc_id": vpc.id, "private_subnet_ids": private_ids, "karpenter": self.karpenter},
+            extras={
+                "vpc_id": vpc.id,
+                "private_subnet_ids": private_ids,
+                "karpenter": self.karpenter,
+                "aws_provider": aws_provider,
+                "aws_guard": guarded.depends_on,
+            },
         )
         self.register_outputs(
             {
@@ -329,16 +338,55 @@ class AwsGpuCluster(pulumi.ComponentResource):
         )
 
 
+def availability_zone_ids(
+    c: AwsCluster, aws_provider: aws.Provider, on_aws: pulumi.ResourceOptions
+) -> tuple[list[pulumi.Input[str]], pulumi.ResourceOptions]:
+    """The subnets' zone IDs and their resource options. Zone IDs from config are used as given. Else
+    they are read from the region (Availability Zones only, picked by zone ID, `pick_zone_ids`), and
+    the subnets ignore later changes of `availabilityZoneId`: the zone a subnet was created in stays
+    in state, whatever AWS lists on a later `up`."""
+    if c.network.zone_ids:
+        return list(c.network.zone_ids), on_aws
+    azs = aws.get_availability_zones_output(
+        filters=[aws.GetAvailabilityZonesFilterArgs(**f) for f in AVAILABILITY_ZONE_FILTERS],
+        opts=pulumi.InvokeOutputOptions(provider=aws_provider),
+    )
+    picked = azs.zone_ids.apply(lambda ids: pick_zone_ids(ids, c.network.availability_zones))
+    ids = [picked.apply(lambda z, i=i: z[i]) for i in range(c.network.availability_zones)]
+    return ids, pulumi.ResourceOptions.merge(on_aws, pulumi.ResourceOptions(ignore_changes=["availabilityZoneId"]))
+
+
 def aws_pool_info(pool, native_names: tuple[str, ...]):
     """Pool facts for serving, with the read rate and path of the disk that holds the model cache."""
     disk = pool_cache_disk(pool)
     return pool_info(pool, native_names, cache_read_mib_s=disk.read_mib_s, cache_host_path=disk.host_path)
 
 
-def existing_cluster_cni(cluster_name: str, region: str) -> Optional[str]:
-    """The CNI tag of an EKS cluster of that name that already exists in the region: `""` when it
-    has no tag, None when there is no such cluster (a first `pulumi up`)."""
-    names = aws.eks.get_clusters(region=region).names or []
-    if cluster_name not in names:
-        return None
-    return (aws.eks.get_cluster(name=cluster_name, region=region).tags or {}).get(CNI_TAG, "")
+def existing_cluster_cni(c: AwsCluster, provider: aws.Provider) -> pulumi.Output[Optional[str]]:
+    """The CNI tag of an EKS cluster named `c.name` that already exists in its region, read through
+    the component's own provider: `""` when it has no tag, None when there is no such cluster (a first
+    `pulumi up`). A read that fails (no credentials) fails with a message naming what is missing."""
+    opts = pulumi.InvokeOutputOptions(provider=provider)
+
+    def unreadable(err: Exception) -> None:
+        # `recover` takes the invoke's failure over, so the program fails with this message only.
+        raise ConfigError(cni_guard_unreadable(c, err))
+
+    def tag(names: list[str]) -> pulumi.Output[Optional[str]] | None:
+        if c.name not in names:
+            return None
+        found = aws.eks.get_cluster_output(name=c.name, region=c.region, opts=opts).recover(unreadable)
+        return found.apply(lambda r: (r.tags or {}).get(CNI_TAG, ""))
+
+    clusters = aws.eks.get_clusters_output(region=c.region, opts=opts).recover(unreadable)
+    return clusters.apply(lambda r: tag(r.names or []))
+
+
+def checked_cni_mode(c: AwsCluster, provider: aws.Provider) -> pulumi.Output[str]:
+    """The CNI the cluster is tagged with, once the existing cluster (if any) is known to agree."""
+    return existing_cluster_cni(c, provider).apply(lambda recorded: _checked(c, recorded))
+
+
+def _checked(c: AwsCluster, recorded: Optional[str]) -> str:
+    check_cni_unchanged(c, recorded)
+    return cni_mode(c)

@@ -9,7 +9,14 @@ from typing import Annotated, Literal
 from pydantic import ConfigDict, Field, StringConstraints, field_validator, model_validator
 
 from components.aws.disks import ModelCache
-from components.aws.facts import DEFAULT_AMI_RELEASE, INSTANCE_TYPE, ami_alias_problem, is_arm64_family
+from components.aws.facts import (
+    DEFAULT_AMI_RELEASE,
+    EKS_UNSUPPORTED_ZONE_IDS,
+    INSTANCE_TYPE,
+    ZONE_ID,
+    ami_alias_problem,
+    is_arm64_family,
+)
 from components.catalog import InstanceType, load_catalog
 from components.config_types import AWS_SPOT_NOTICE_S, Base, Cidr, Duration, Name, allowed
 from components.node_pools import GpuPoolBase, KubeletNumaConfig, cpuset_cpus, reserved_cpus_for
@@ -98,15 +105,65 @@ class AwsNetwork(Base):
     """Number of AZs with subnets."""
     single_nat_gateway: bool = False
     """One NAT gateway instead of one per AZ (cheaper, not zone-redundant)."""
+    zone_ids: list[str] = Field(default_factory=list)
+    """Availability Zone IDs of the subnets, in order (e.g. `[use1-az1, use1-az2, use1-az4]`): pins
+    them in config. Empty: the first `availability_zones` Availability Zones of the region by zone
+    ID, read on the first `up` and then kept in state (a later change in what AWS lists never moves
+    a subnet)."""
+
+    @field_validator("zone_ids")
+    @classmethod
+    def _zone_ids(cls, v: list[str]) -> list[str]:
+        bad = [z for z in v if not ZONE_ID.match(z)]
+        if bad:
+            raise ValueError(
+                f"{bad} are not Availability Zone IDs; allowed: IDs such as use1-az1 (`aws ec2 "
+                f"describe-availability-zones --filters Name=zone-type,Values=availability-zone`), no Local Zones"
+            )
+        refused = sorted(set(v) & EKS_UNSUPPORTED_ZONE_IDS)
+        if refused:
+            raise ValueError(f"{refused}: EKS creates no control plane there; allowed: other zone IDs of the region")
+        if len(set(v)) != len(v):
+            raise ValueError(f"{v} names a zone twice; allowed: distinct zone IDs")
+        return v
+
+    @model_validator(mode="after")
+    def _zone_count(self):
+        if self.zone_ids and len(self.zone_ids) != self.availability_zones:
+            raise ValueError(
+                f"zone_ids: {len(self.zone_ids)} zones for availability_zones: {self.availability_zones}; "
+                f"allowed: exactly {self.availability_zones} zone IDs (or none)"
+            )
+        return self
 
 
 class EksEndpoint(Base):
     private_access: bool = True
-    """Private API endpoint inside the VPC."""
+    """Private API endpoint inside the VPC (the nodes, Cilium and in-VPC clients use it)."""
     public_access: bool = True
-    """Public API endpoint."""
-    public_access_cidrs: list[Cidr] = Field(default_factory=lambda: [ipaddress.IPv4Network("0.0.0.0/0")])
-    """CIDRs allowed to the public endpoint."""
+    """Public API endpoint, open only to `public_access_cidrs`: how the deployer (a laptop, a CI
+    runner) reaches the API server, from the first `up` on. Must stay true: this stack creates the
+    VPC, so no deployer is inside it on the first `up`."""
+    public_access_cidrs: list[Cidr] = Field(
+        default_factory=lambda: [ipaddress.IPv4Network("0.0.0.0/0")], min_length=1, max_length=40
+    )
+    """CIDRs allowed to the public endpoint: the deployer's egress ranges (CI runners' NAT, VPN). At
+    most 40 (EKS quota "public endpoint access CIDR ranges per cluster"); `0.0.0.0/0` is refused in prod."""
+
+    @model_validator(mode="after")
+    def _deployer_reaches_the_api(self):
+        if not self.public_access:
+            raise ValueError(
+                "public_access: false leaves the API server reachable only inside the VPC this stack "
+                "creates, so the first `pulumi up` (Cilium, Helm releases, Karpenter objects, applied from "
+                "the deployer's machine) cannot reach it; allowed: true, with public_access_cidrs set to "
+                "the deployer's egress CIDRs (CI runners' NAT, VPN)"
+            )
+        return self
+
+    @property
+    def open_to_internet(self) -> bool:
+        return any(n.prefixlen == 0 for n in self.public_access_cidrs)
 
 
 class SystemNodeGroup(Base):

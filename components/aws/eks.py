@@ -98,3 +98,14 @@ def check_cni_unchanged(c: AwsCluster, recorded: str | None) -> None:
     problem = cni_change_problem(c, recorded)
     if problem:
         raise ConfigError(problem)
+
+
+def cni_guard_unreadable(c: AwsCluster, err: BaseException) -> str:
+    """Why the CNI guard could not read the region's EKS clusters, and what it needs."""
+    return (
+        f"clusters[name={c.name}]: cannot read the EKS clusters of {c.region} to check the cluster's CNI "
+        f"(tag {CNI_TAG}) through its AWS provider: {err}; needs AWS credentials allowed "
+        f"eks:ListClusters and eks:DescribeCluster in {c.region} (AWS_PROFILE, AWS_ACCESS_KEY_ID/"
+        f"AWS_SECRET_ACCESS_KEY, or a CI role through web identity). Only this cluster stops; the "
+        f"stack's other clusters are unaffected"
+    )

@@ -74,15 +74,35 @@ def ami_alias_problem(alias: str, kubernetes_version: str) -> str | None:
     )
 
 
-def control_plane_zones(names: list[str], zone_ids: list[str], count: int) -> list[tuple[str, str]]:
-    """The first `count` (zone name, zone ID) pairs, skipping the zone IDs EKS refuses.
+ZONE_ID = re.compile(r"^[a-z]{2,5}[0-9]+-az(?P<n>[0-9]+)$")
+"""An Availability Zone ID (`use1-az1`). Local Zones (`use1-bos1-az1`) and Wavelength Zones carry a
+location between the region code and `-az`, so they never match."""
 
-    Zone names map to different physical zones per account; zone IDs do not, so the check is by ID.
+AVAILABILITY_ZONE_FILTERS = (
+    {"name": "zone-type", "values": ["availability-zone"]},
+    {"name": "opt-in-status", "values": ["opt-in-not-required"]},
+)
+"""`DescribeAvailabilityZones` filters (EC2 API reference): Availability Zones only, never a Local or
+Wavelength Zone an account opted in to (EKS refuses those for the control plane's subnets). No
+`state` filter: an impaired zone still counts, so it cannot shift which zones are picked."""
+
+
+def zone_id_key(zone_id: str) -> tuple[int, str]:
+    m = ZONE_ID.match(zone_id)
+    return (int(m["n"]), zone_id) if m else (1 << 30, zone_id)
+
+
+def pick_zone_ids(zone_ids: list[str], count: int) -> list[str]:
+    """The `count` Availability Zone IDs the subnets go in: Availability Zones only (by their ID's
+    shape), minus those EKS refuses, in zone-ID order (`az1`, `az2`, ...). The order AWS lists them
+    in and any Local Zone it adds change nothing, so a later `pulumi up` never moves a subnet.
+
+    Zone names map to different physical zones per account; zone IDs do not, so the pick is by ID.
     """
-    usable = [(n, z) for n, z in zip(names, zone_ids) if z not in EKS_UNSUPPORTED_ZONE_IDS]
+    usable = sorted({z for z in zone_ids if ZONE_ID.match(z) and z not in EKS_UNSUPPORTED_ZONE_IDS}, key=zone_id_key)
     if len(usable) < count:
         raise ValueError(
             f"network.availability_zones: {count} requested but the region has {len(usable)} zones EKS "
-            f"accepts ({', '.join(z for _, z in usable)}); allowed: at most {len(usable)}"
+            f"accepts ({', '.join(usable)}); allowed: at most {len(usable)}"
         )
     return usable[:count]

@@ -59,6 +59,9 @@ class KarpenterArgs:
 class Karpenter(pulumi.ComponentResource):
     queue: Optional[aws.sqs.Queue]
     node_role: aws.iam.Role
+    keep_until_nodes_gone: list[pulumi.Resource]
+    """The controller's and the nodes' IAM, queue and rules: deleted only after every NodeClass,
+    NodePool (and so every node) Karpenter manages."""
     nodepool_names: dict[str, tuple[str, ...]]
     """GPU pool name -> the NodePools that serve it."""
 
@@ -79,13 +82,15 @@ class Karpenter(pulumi.ComponentResource):
             tags=args.tags,
             opts=on_aws,
         )
+        # What the controller and the nodes need until the last node is gone (`keep_until_nodes_gone`).
+        keep: list[pulumi.Resource] = [self.node_role]
         for policy in node_role_policies(c.cilium.enabled):
-            aws.iam.RolePolicyAttachment(
+            keep.append(aws.iam.RolePolicyAttachment(
                 f"{name}-node-{policy}",
                 role=self.node_role.name,
                 policy_arn=partition.partition.apply(lambda p, pol=policy: managed_policy_arn(p, pol)),
                 opts=on_aws,
-            )
+            ))
         access_entry = aws.eks.AccessEntry(
             f"{name}-node-access",
             cluster_name=args.cluster_name,
@@ -93,6 +98,7 @@ class Karpenter(pulumi.ComponentResource):
             type="EC2_LINUX",
             opts=on_aws,
         )
+        keep.append(access_entry)
 
         # --- interruption queue + EventBridge rules ------------------------------------------
         self.queue = None
@@ -110,12 +116,13 @@ class Karpenter(pulumi.ComponentResource):
             # The queue is named from config, so its name is known before it exists (a first
             # preview can check the chart's settings.interruptionQueue); depends_on keeps the order.
             queue_arn, queue_name = self.queue.arn, c.name
-            aws.sqs.QueuePolicy(
+            keep.append(self.queue)
+            keep.append(aws.sqs.QueuePolicy(
                 f"{name}-interruption",
                 queue_url=self.queue.url,
                 policy=self.queue.arn.apply(lambda a: json.dumps(interruption_queue_policy(a))),
                 opts=on_aws,
-            )
+            ))
             for rule_name, pattern in INTERRUPTION_RULES.items():
                 rule = aws.cloudwatch.EventRule(
                     f"{name}-{rule_name}",
@@ -124,13 +131,14 @@ class Karpenter(pulumi.ComponentResource):
                     tags=args.tags,
                     opts=on_aws,
                 )
-                aws.cloudwatch.EventTarget(
+                keep.append(rule)
+                keep.append(aws.cloudwatch.EventTarget(
                     f"{name}-{rule_name}",
                     rule=rule.name,
                     target_id="KarpenterInterruptionQueueTarget",
                     arn=self.queue.arn,
                     opts=on_aws,
-                )
+                ))
 
         # --- controller role (IRSA) ----------------------------------------------------------
         controller_role = aws.iam.Role(
@@ -142,14 +150,16 @@ class Karpenter(pulumi.ComponentResource):
             tags=args.tags,
             opts=on_aws,
         )
-        aws.iam.RolePolicy(
+        keep.append(controller_role)
+        keep.append(aws.iam.RolePolicy(
             f"{name}-controller",
             role=controller_role.id,
             policy=pulumi.Output.all(
                 args.cluster_name, partition.partition, identity.account_id, queue_arn, self.node_role.arn
             ).apply(lambda a: json.dumps(controller_policy(a[0], c.region, a[1], a[2], a[3], a[4]))),
             opts=on_aws,
-        )
+        ))
+        self.keep_until_nodes_gone = keep
 
         # --- charts: CRDs first, then the controller without its bundled CRDs ----------------
         crds = k8s.helm.v3.Release(
@@ -169,12 +179,19 @@ class Karpenter(pulumi.ComponentResource):
             skip_crds=True,
             values=karpenter_values(args.cluster_name, queue_name, controller_role.arn, c.karpenter.replicas),
             opts=pulumi.ResourceOptions.merge(
-                on_k8s, pulumi.ResourceOptions(depends_on=[crds, access_entry, *([self.queue] if self.queue else [])])
+                on_k8s, pulumi.ResourceOptions(depends_on=[crds, *keep])
             ),
         )
 
         # --- per GPU pool: EC2NodeClass + NodePools ------------------------------------------
-        after_controller = pulumi.ResourceOptions.merge(on_k8s, pulumi.ResourceOptions(depends_on=[crds, controller]))
+        # Pulumi deletes a resource only after everything that depends on it. The NodeClasses and
+        # NodePools depend on the controller and on everything in `keep`, so `pulumi destroy`
+        # deletes them (and waits for their finalizers: Karpenter terminates the NodeClaims'
+        # instances, then the NodeClass's instance profile and launch templates) while the
+        # controller still runs with its IAM policy, queue and rules, and the nodes keep their role.
+        after_controller = pulumi.ResourceOptions.merge(
+            on_k8s, pulumi.ResourceOptions(depends_on=[crds, controller, *keep])
+        )
         self.nodepool_names = {}
         for pool in c.gpu_pools:
             nodeclass = k8s.apiextensions.CustomResource(

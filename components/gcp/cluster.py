@@ -178,6 +178,7 @@ class GcpGpuCluster(pulumi.ComponentResource):
                 "compute_classes": self.compute_classes,
                 "preemption_notice_s": c.preemption_notice_s,
                 "workload_pool": cluster_args["workload_identity_config"]["workload_pool"],
+                "project": c.project,
             },
         )
         self.register_outputs(

@@ -314,7 +314,9 @@ def gpu_node_pool_args(c: GcpCluster, pool: GcpGpuPool, capacity: Provisioning, 
             # ANY picks whichever zone has capacity: GKE's recommendation for Spot and flex-start VMs.
             "location_policy": "BALANCED" if capacity == "on-demand" else "ANY",
         },
-        "management": {"auto_repair": True, "auto_upgrade": True},
+        # Flex-start pools run without auto-repair (GoogleCloudPlatform/cluster-toolkit
+        # modules/compute/gke-node-pool/main.tf: "enable_flex_start needs node auto_repair set to false").
+        "management": {"auto_repair": capacity != "flex-start", "auto_upgrade": True},
         "node_config": {
             **hardened_node_config(tags),
             "machine_type": pool.machine_type,

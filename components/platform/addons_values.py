@@ -5,7 +5,9 @@
   CRDs (ServiceMonitor, PrometheusRule), Prometheus, Alertmanager and Grafana with its dashboard
   sidecar.
 
-Both charts install their CRDs (Helm `crds/`), so `skip_crds` stays false.
+Both charts install their CRDs (Helm `crds/`), so `skip_crds` stays false. Helm never upgrades a
+chart's `crds/`: KEDA ships its CRDs as templates (`crds.install`), which Helm upgrades;
+kube-prometheus-stack's are upgraded by the chart's own CRD upgrade Job (`crds.upgradeJob`).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from components.platform.alerting import ALERT_SECRET_NAME, alertmanager_config
 from components.platform.config import ObservabilityConfig
 
 
@@ -39,6 +42,68 @@ out-of-the-box in GKE private clusters" (prometheus-community/helm-charts
 charts/kube-prometheus-stack/values.yaml @001f3a6d)."""
 
 
+@dataclass(frozen=True)
+class PinnedImage:
+    values_path: tuple[str, ...]
+    """Where the chart reads the image's tag (kube-prometheus-stack values.yaml)."""
+    image: str
+    """The image as the chart's registry/repository defaults name it."""
+    version: str
+    digest: str
+    source: str
+    """Where the digest was read (a public record of that exact tag)."""
+
+    @property
+    def tag(self) -> str:
+        """`<version>@<digest>`: the chart renders `<registry>/<repository>:<tag>`, so the digest
+        rides in the tag (the chart's own `sha` key is read only under `upgradeJob.image.sha`, which
+        its values do not define: charts/crds/templates/upgrade/job.yaml @cf408a29)."""
+        return f"{self.version}@{self.digest}"
+
+    @property
+    def reference(self) -> str:
+        return f"{self.image}:{self.tag}"
+
+
+KPS_PINNED_IMAGES = (
+    # `crds.upgradeJob.image.busybox.tag` defaults to "latest" (values.yaml @001f3a6d and @cf408a29).
+    PinnedImage(
+        ("crds", "upgradeJob", "image", "busybox"), "docker.io/busybox", "1.37.0",
+        "sha256:9db7b59979c38555a39def84a31fb98b5296952f9e3afd4f6f11f05b07adfab0",
+        "docker-library/repo-info repos/busybox/remote/1.37.0.md @01a7054230d50b3dccaf8d579f161c522be8c9f0 "
+        "(the OCI image index of 17 platforms)",
+    ),
+    # `crds.upgradeJob.image.kubectl.tag` defaults to the cluster's Kubernetes version, so the Job's
+    # image would change under the stack with every control-plane patch.
+    PinnedImage(
+        ("crds", "upgradeJob", "image", "kubectl"), "registry.k8s.io/kubectl", "v1.35.3",
+        "sha256:8dad99b604a2c0bafe17f53cadf78482d6f667a6da687f385508f5f4e4696d37",
+        "a public Dockerfile pinning `FROM registry.k8s.io/kubectl:v1.35.3@sha256:8dad99b6...` (two stored "
+        "versions; docs/images.md)",
+    ),
+)
+"""Images of kube-prometheus-stack whose chart default is a floating tag, pinned by version and digest.
+Every other image of the pinned charts defaults to a tag fixed by the chart version (`tag: ""` ->
+the chart's appVersion, or an explicit version); docs/images.md lists them."""
+
+
+def _pinned_image_values(images: tuple[PinnedImage, ...]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for img in images:
+        node = out
+        for key in img.values_path:
+            node = node.setdefault(key, {})
+        node["tag"] = img.tag
+    return out
+
+
+def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
 def addon_api_server_ports(o: ObservabilityConfig) -> dict[str, tuple[int, ...]]:
     """Pod ports the API server itself calls on the installed add-ons (webhooks, aggregated APIs), by
     release. Our values leave these chart defaults alone (tests/test_gcp_access.py checks that)."""
@@ -62,9 +127,19 @@ def keda_values() -> dict[str, Any]:
 
 def kps_values(o: ObservabilityConfig) -> dict[str, Any]:
     """Prometheus picks up ServiceMonitors/PrometheusRules labelled `release: <release>` in any
-    namespace; Grafana loads ConfigMaps labelled `grafana_dashboard: "1"` from any namespace."""
-    return {
-        "crds": {"enabled": True},
+    namespace; Grafana loads ConfigMaps labelled `grafana_dashboard: "1"` from any namespace.
+    Alertmanager gets the whole routing config (components/platform/alerting.py) and, when a receiver
+    needs a credential, mounts the Secret holding them (`alertmanagerSpec.secrets`)."""
+    alertmanager: dict[str, Any] = {"config": alertmanager_config(o.alerting)}
+    if o.alerting.secret_keys():
+        alertmanager["alertmanagerSpec"] = {"secrets": [ALERT_SECRET_NAME]}
+    return _merge({
+        # Helm installs `crds/` once and never upgrades them; the chart's pre-install/pre-upgrade
+        # hook Job server-side-applies the chart's CRDs instead (values.yaml `crds.upgradeJob`: "mitigates
+        # the limitation of helm not being able to upgrade CRDs"). `forceConflicts` adds
+        # `--force-conflicts`, so CRDs Helm created on an earlier install are taken over, not refused.
+        "crds": {"enabled": True, "upgradeJob": {"enabled": True, "forceConflicts": True}},
+        "alertmanager": alertmanager,
         "prometheus": {
             "prometheusSpec": {
                 "serviceMonitorSelectorNilUsesHelmValues": True,
@@ -85,4 +160,4 @@ def kps_values(o: ObservabilityConfig) -> dict[str, Any]:
                 }
             },
         },
-    }
+    }, _pinned_image_values(KPS_PINNED_IMAGES))

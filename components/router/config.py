@@ -9,11 +9,10 @@ from pydantic import Field, field_validator, model_validator
 from components.config_types import Base, Duration, Port, image_unpinned
 from components.serving.config import ModelConfig
 
-NGINX_IMAGE = "nginx:1.28.0"
-"""The official nginx image, pinned (1.28.0 is the stable line's tag that nginx/docker-nginx's
-`stable/` Dockerfiles build from; docs/serving.md). Its Dockerfile sets STOPSIGNAL SIGQUIT."""
-WATCHER_IMAGE = "python:3.11.17-slim-bookworm"
-"""The stock Python image the endpoint watcher runs in (the same pin as the drain sidecar)."""
+NGINX_IMAGE = "docker.io/library/nginx:1.28.0@sha256:eaa7e36decc3421fc04478c586dfea0d931cebe47d5bc0b15d758a32ba51126f"
+"""The official nginx image, pinned by digest (1.28.0 is the stable line's tag that
+nginx/docker-nginx's `stable/` Dockerfiles build from; docs/serving.md; the digest is the one
+pulumi-docker's `RemoteImage` docs give for that tag). Its Dockerfile sets STOPSIGNAL SIGQUIT."""
 
 
 class RouterConfig(Base):
@@ -21,9 +20,7 @@ class RouterConfig(Base):
     """Deploy the router. Unset: on in every cluster where a primary model's `overflow_to` economy
     entry is placed too; `true`: on every cluster that serves a model; `false`: off."""
     image: str = NGINX_IMAGE
-    """The nginx image."""
-    watcher_image: str = WATCHER_IMAGE
-    """The Python image the endpoint watcher (a stdlib script from a ConfigMap) runs in."""
+    """The nginx image (the endpoint watcher beside it runs the stack's runtime image)."""
     port: Port = 8080
     """The port clients connect to (`http://gpuinfra-router.<ns>.svc:<port>/<model>/v1`)."""
     metrics_port: Port = 9145
@@ -47,7 +44,7 @@ class RouterConfig(Base):
     overflow_alert_for: Duration = "15m"
     """...for this long."""
 
-    @field_validator("image", "watcher_image")
+    @field_validator("image")
     @classmethod
     def _image_pinned(cls, v: str) -> str:
         if image_unpinned(v):

@@ -45,6 +45,8 @@ class RouterArgs:
     gpu_pools: list[GpuPoolInfo]
     observability: ObservabilityConfig
     labels: dict[str, str]
+    runtime_image: pulumi.Input[str]
+    """The runtime image by digest (ProjectImages.refs["runtime"]): the endpoint watcher."""
 
 
 class Router(pulumi.ComponentResource):
@@ -59,7 +61,7 @@ class Router(pulumi.ComponentResource):
         rc, o = args.config, args.observability
         # Decide everything before the first child, so a bad input registers nothing.
         files = config_files(rc, args.models)
-        ds = daemonset_spec(rc, args.models, args.gpu_pools, args.labels)
+        ds = daemonset_spec(rc, args.models, args.gpu_pools, args.labels, args.runtime_image)
         labels = object_labels(args.labels)
         after = inherited_depends_on(opts)
         child = pulumi.ResourceOptions(parent=self, depends_on=after)

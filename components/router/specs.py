@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from components.agent.daemonset_spec import gpu_node_affinity, gpu_tolerations
@@ -24,7 +23,8 @@ TOKEN_DIR = "/var/run/secrets/router"
 RUN_AS = 101
 """The `nginx` user of the official image; the watcher runs as the same UID so it may signal nginx."""
 SHUTDOWN_MARGIN_S = 5
-WATCHER_SCRIPT = Path(__file__).resolve().parents[2] / "runtime" / "watcher.py"
+WATCHER_SCRIPT = "/opt/gpuinfra/runtime/watcher.py"
+"""Where runtime/Dockerfile puts the watcher in the runtime image."""
 HTTP_PORT = "http"
 METRICS_PORT = "metrics"
 
@@ -77,7 +77,6 @@ def config_files(rc: RouterConfig, models: Sequence[ModelConfig]) -> dict[str, s
     return {
         "nginx.conf": render_nginx_conf(routes(models), nginx_settings(rc, models)),
         "routes.json": json.dumps({"upstreams": upstreams(models), "keepalive": rc.keepalive}, indent=1, sort_keys=True),
-        "watcher.py": WATCHER_SCRIPT.read_text(),
     }
 
 
@@ -144,7 +143,7 @@ def nginx_container(rc: RouterConfig, models: Sequence[ModelConfig]) -> dict[str
     }
 
 
-def watcher_container(rc: RouterConfig) -> dict[str, Any]:
+def watcher_container(rc: RouterConfig, runtime_image: Any) -> dict[str, Any]:
     """A native sidecar (an initContainer that keeps running): it writes the first upstreams before
     nginx starts (its startupProbe is /ready) and stops after nginx on termination."""
     env = [
@@ -161,10 +160,10 @@ def watcher_container(rc: RouterConfig) -> dict[str, Any]:
     ]
     return {
         "name": "endpoint-watcher",
-        "image": rc.watcher_image,
+        "image": runtime_image,
         "imagePullPolicy": "IfNotPresent",
         "restartPolicy": "Always",
-        "command": ["python3", "-u", f"{CONFIG_DIR}/watcher.py", "run"],
+        "command": ["python3", "-u", WATCHER_SCRIPT, "run"],
         "env": env,
         "ports": [{"name": METRICS_PORT, "containerPort": rc.metrics_port, "protocol": "TCP"}],
         "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "128Mi"}},
@@ -179,7 +178,8 @@ def watcher_container(rc: RouterConfig) -> dict[str, Any]:
     }
 
 
-def pod_spec(rc: RouterConfig, models: Sequence[ModelConfig], pools: Sequence[GpuPoolInfo]) -> dict[str, Any]:
+def pod_spec(rc: RouterConfig, models: Sequence[ModelConfig], pools: Sequence[GpuPoolInfo],
+             runtime_image: Any) -> dict[str, Any]:
     return {
         "serviceAccountName": APP_NAME,
         # Only the watcher gets a token (projected below); nginx never talks to the API.
@@ -193,7 +193,7 @@ def pod_spec(rc: RouterConfig, models: Sequence[ModelConfig], pools: Sequence[Gp
             "runAsNonRoot": True, "runAsUser": RUN_AS, "runAsGroup": RUN_AS, "fsGroup": RUN_AS,
             "seccompProfile": {"type": "RuntimeDefault"},
         },
-        "initContainers": [watcher_container(rc)],
+        "initContainers": [watcher_container(rc, runtime_image)],
         "containers": [nginx_container(rc, models)],
         "volumes": [
             {"name": "config", "configMap": {"name": APP_NAME}},
@@ -208,7 +208,7 @@ def pod_spec(rc: RouterConfig, models: Sequence[ModelConfig], pools: Sequence[Gp
 
 
 def daemonset_spec(rc: RouterConfig, models: Sequence[ModelConfig], pools: Sequence[GpuPoolInfo],
-                   platform_labels: dict[str, str]) -> dict[str, Any]:
+                   platform_labels: dict[str, str], runtime_image: Any) -> dict[str, Any]:
     """One router per GPU node. Surge rollout: the new pod starts beside the old one (no host port),
     the old one drains (preStop settle, then QUIT), so a node is never without a router."""
     files = config_files(rc, models)
@@ -220,7 +220,7 @@ def daemonset_spec(rc: RouterConfig, models: Sequence[ModelConfig], pools: Seque
         "template": {
             "metadata": {"labels": object_labels(platform_labels),
                          "annotations": {"gpuinfra.io/router-config-hash": config_hash(files)}},
-            "spec": pod_spec(rc, models, pools),
+            "spec": pod_spec(rc, models, pools, runtime_image),
         },
     }
 

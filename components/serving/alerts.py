@@ -14,6 +14,7 @@ Metric names are the ones the pinned versions export:
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any
 
 from components.platform.config import AlertThresholds
@@ -48,7 +49,20 @@ def pod_selector(namespace: str, deployment: str) -> str:
     return f'namespace="{namespace}",pod=~"{pod_regex(deployment)}"'
 
 
-def alert_rules(m: ModelConfig, job: str, namespace: str, t: AlertThresholds) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class AlertSignals:
+    """Which signals exist for this placement. An alert on a series nothing exports can never
+    fire and only looks like coverage, so each such alert is rendered only with its signal."""
+
+    cuda_tracing: bool = False
+    """The eBPF agent runs with `cuda_uprobes.enabled` (CudaLaunchStall's histogram)."""
+    spot: bool = True
+    """The pool runs on spot (VllmSpotDrainStarted: the sidecar only reports `reason="spot"` for a
+    drain that a spot reclaim started)."""
+
+
+def alert_rules(m: ModelConfig, job: str, namespace: str, t: AlertThresholds,
+                signals: AlertSignals = AlertSignals()) -> list[dict[str, Any]]:
     sel = job_selector(namespace, job)
     labels = {"model": m.name, "tier": m.tier}
 
@@ -61,7 +75,7 @@ def alert_rules(m: ModelConfig, job: str, namespace: str, t: AlertThresholds) ->
             "annotations": {"summary": summary, "description": description},
         }
 
-    return [
+    rules = [
         rule(
             "VllmQueueBacklog",
             f"avg(vllm:num_requests_waiting{{{sel}}}) > {t.queue_backlog}",
@@ -109,8 +123,12 @@ def alert_rules(m: ModelConfig, job: str, namespace: str, t: AlertThresholds) ->
             "schedules a replacement on spot or the on-demand fallback, which is not ready before "
             "the model loads (see the startup budget), so the other replicas and the economy tier "
             "carry the load meanwhile.",
-        ),    ]
+        ),
+    ]
+    absent = {"CudaLaunchStall": not signals.cuda_tracing, "VllmSpotDrainStarted": not signals.spot}
+    return [r for r in rules if not absent.get(r["alert"], False)]
 
 
-def prometheus_rule_spec(m: ModelConfig, job: str, namespace: str, t: AlertThresholds) -> dict[str, Any]:
-    return {"groups": [{"name": f"vllm-{m.name}", "rules": alert_rules(m, job, namespace, t)}]}
+def prometheus_rule_spec(m: ModelConfig, job: str, namespace: str, t: AlertThresholds,
+                         signals: AlertSignals = AlertSignals()) -> dict[str, Any]:
+    return {"groups": [{"name": f"vllm-{m.name}", "rules": alert_rules(m, job, namespace, t, signals)}]}

@@ -1,5 +1,6 @@
-"""Pure deciders for one model's pods: names, labels, probe timing, the pod, the Deployment and the
-runtime ConfigMap's files (the Services, PDB and cache claim are in `objects.py`).
+"""Pure deciders for one model's pods: names, labels, probe timing, the pod and the Deployment (the
+Services, PDB and cache claim are in `objects.py`). The drain sidecar and the pre-warm init container
+run the runtime image (runtime/, built by the stack and referenced by digest).
 
 Everything returns plain Kubernetes documents (camelCase, as `kubectl apply` takes them); the
 `VllmServing` component only turns them into resources.
@@ -7,23 +8,22 @@ Everything returns plain Kubernetes documents (camelCase, as `kubectl apply` tak
 
 from __future__ import annotations
 
-import hashlib
 import math
 import re
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Optional
 
 from components.platform.cluster_handle import CAPACITY_LABEL, POOL_LABEL, GpuPoolInfo, node_selector_term
 from components.serving.budget import IDLE_SAMPLES, POLL_INTERVAL_S, PROBE_PERIOD_S, DrainBudget
 from components.serving.config import ModelConfig, Placement, model_budget
+from components.serving.spread import topology_spread
 from components.serving.vllm_args import VLLM_COMMAND, vllm_args
 
-RUNTIME_DIR = Path(__file__).resolve().parents[2] / "runtime"
-RUNTIME_FILES = ("drain.py", "sidecar.py", "deadline_http.py", "disruption.py", "prewarm.py")
-
-PYTHON_IMAGE = "python:3.11.17-slim-bookworm"
-"""Stock image the drain sidecar and the pre-warm initContainer run in (stdlib only)."""
+IMAGE_RUNTIME_DIR = "/opt/gpuinfra/runtime"
+"""Where runtime/Dockerfile puts the runtime code in the image."""
+HOOK_FILES = ("drain.py", "deadline_http.py", "disruption.py")
+"""What the vLLM container's preStop runs (stdlib only, in the vLLM image's python3): the drain
+sidecar copies them from its image into the drain volume (HOOK_DIR) when it starts."""
 
 GPU_RESOURCE = "nvidia.com/gpu"
 HF_TOKEN_KEY = "HF_TOKEN"
@@ -33,9 +33,9 @@ VLLM_CACHE_ROOT = f"{MODELS_MOUNT}/vllm"
 """vLLM's cache root (torch.compile artifacts under `torch_compile_cache/`, vllm/envs.py and
 vllm/compilation/backends.py in 0.33): on the model cache, so a restart on the node skips the
 compile."""
-RUNTIME_MOUNT = "/opt/gpuinfra"
 DRAIN_MOUNT = "/run/gpuinfra"
 DRAIN_FLAG = f"{DRAIN_MOUNT}/draining"
+HOOK_DIR = f"{DRAIN_MOUNT}/hook"
 DRAIN_PORT_NAME = "drain"
 HTTP_PORT_NAME = "http"
 READINESS_TIMEOUT_S = 10
@@ -170,27 +170,6 @@ def node_affinity(pool: GpuPoolInfo) -> dict[str, Any]:
     return {"nodeAffinity": affinity}
 
 
-def topology_spread(m: ModelConfig) -> list[dict[str, Any]]:
-    """Spread replicas over nodes (hard: one spot reclaim must not take two) and zones (soft)."""
-    sel = {"matchLabels": selector_labels(m)}
-    return [
-        {
-            "maxSkew": 1,
-            "topologyKey": "kubernetes.io/hostname",
-            "whenUnsatisfiable": "DoNotSchedule",
-            "labelSelector": sel,
-            "matchLabelKeys": ["pod-template-hash"],
-        },
-        {
-            "maxSkew": 1,
-            "topologyKey": "topology.kubernetes.io/zone",
-            "whenUnsatisfiable": "ScheduleAnyway",
-            "labelSelector": sel,
-            "matchLabelKeys": ["pod-template-hash"],
-        },
-    ]
-
-
 def volumes(m: ModelConfig, name: str, pool_host_path: Optional[str] = None) -> list[dict[str, Any]]:
     if m.cache.kind == "host_path":
         path = pool_host_path or m.cache.host_path  # the pool's node image may dictate where (GKE COS)
@@ -200,7 +179,6 @@ def volumes(m: ModelConfig, name: str, pool_host_path: Optional[str] = None) -> 
     return [
         {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{m.shm_size_gib}Gi"}},
         cache,
-        {"name": "runtime", "configMap": {"name": runtime_configmap_name(name), "defaultMode": 0o555}},
         {"name": "drain", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
         # The API token, only in the drain sidecar (the pod does not automount one).
         {"name": "drain-api", "projected": {"sources": [
@@ -263,7 +241,6 @@ def vllm_container(m: ModelConfig, pool: GpuPoolInfo, hf_secret: Optional[str], 
         "volumeMounts": [
             {"name": "shm", "mountPath": "/dev/shm"},
             {"name": "model-cache", "mountPath": MODELS_MOUNT},
-            {"name": "runtime", "mountPath": RUNTIME_MOUNT, "readOnly": True},
             {"name": "drain", "mountPath": DRAIN_MOUNT},
         ],
         "startupProbe": {
@@ -292,24 +269,34 @@ def vllm_container(m: ModelConfig, pool: GpuPoolInfo, hf_secret: Optional[str], 
             "failureThreshold": 4,
             "terminationGracePeriodSeconds": LIVENESS_KILL_GRACE_S,
         },
-        "lifecycle": {"preStop": {"exec": {"command": ["python3", f"{RUNTIME_MOUNT}/drain.py", "prestop"]}}},
+        "lifecycle": {"preStop": {"exec": {"command": ["python3", f"{HOOK_DIR}/drain.py", "prestop"]}}},
         "securityContext": _restricted(run_as_root=True),
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
 
 
-def drain_sidecar(m: ModelConfig) -> dict[str, Any]:
+def hook_install_command() -> str:
+    """Copy the preStop hook's files from the runtime image into the drain volume (atomically: a
+    restarted sidecar replaces the folder), then become the sidecar."""
+    files = " ".join(f"{IMAGE_RUNTIME_DIR}/{f}" for f in HOOK_FILES)
+    tmp = f"{HOOK_DIR}.tmp"
+    return (f"rm -rf {tmp} && mkdir -p {tmp} && cp {files} {tmp}/ && rm -rf {HOOK_DIR} && mv {tmp} {HOOK_DIR} "
+            f"&& exec python3 {IMAGE_RUNTIME_DIR}/drain.py watch")
+
+
+def drain_sidecar(m: ModelConfig, runtime_image: Any) -> dict[str, Any]:
     """A native sidecar (restartable initContainer): it outlives the vLLM container on shutdown.
     It is the readiness gate the preStop flips, exports the drain metrics, and reads from the API
-    why the pod drains (its own pod, its node, the node's spot events: `drain_rbac_rules`)."""
+    why the pod drains (its own pod, its node, the node's spot events: `drain_rbac_rules`). It
+    starts before the vLLM container and installs the preStop hook's code (`hook_install_command`)."""
     port = drain_port(m)
     res = {"cpu": SIDECAR_CPU, "memory": SIDECAR_MEMORY}
     return {
         "name": "spot-drain",
-        "image": PYTHON_IMAGE,
+        "image": runtime_image,
         "imagePullPolicy": "IfNotPresent",
         "restartPolicy": "Always",
-        "command": ["python3", f"{RUNTIME_MOUNT}/drain.py", "watch"],
+        "command": ["/bin/sh", "-c", hook_install_command()],
         "ports": [{"name": DRAIN_PORT_NAME, "containerPort": port, "protocol": "TCP"}],
         "env": _drain_env(m)
         + [
@@ -322,7 +309,6 @@ def drain_sidecar(m: ModelConfig) -> dict[str, Any]:
         ],
         "resources": {"requests": dict(res), "limits": dict(res)},
         "volumeMounts": [
-            {"name": "runtime", "mountPath": RUNTIME_MOUNT, "readOnly": True},
             {"name": "drain", "mountPath": DRAIN_MOUNT},
             {"name": "drain-api", "mountPath": SA_MOUNT, "readOnly": True},
         ],
@@ -344,16 +330,16 @@ def drain_sidecar(m: ModelConfig) -> dict[str, Any]:
     }
 
 
-def prewarm_container(m: ModelConfig) -> dict[str, Any]:
+def prewarm_container(m: ModelConfig, runtime_image: Any) -> dict[str, Any]:
     # Memory == the vLLM container's minus /dev/shm: the warmed pages are charged here first and
     # must fit; the pod's effective request (max of init, sum of app containers) does not grow.
     res = {"cpu": str(min(m.resources.cpu, 4)), "memory": f"{m.resources.memory_gib - m.shm_size_gib}Gi"}
     return {
         "name": "prewarm",
-        "image": PYTHON_IMAGE,
+        "image": runtime_image,
         "imagePullPolicy": "IfNotPresent",
         "command": [
-            "python3", f"{RUNTIME_MOUNT}/prewarm.py", hf_cache_dir(m),
+            "python3", f"{IMAGE_RUNTIME_DIR}/prewarm.py", hf_cache_dir(m),
             "--budget-bytes", str(prewarm_budget_bytes(m)),
             "--workers", str(min(m.resources.cpu, 4) * 2),
         ],
@@ -361,19 +347,20 @@ def prewarm_container(m: ModelConfig) -> dict[str, Any]:
         "resources": {"requests": dict(res), "limits": dict(res)},
         "volumeMounts": [
             {"name": "model-cache", "mountPath": MODELS_MOUNT, "readOnly": True},
-            {"name": "runtime", "mountPath": RUNTIME_MOUNT, "readOnly": True},
         ],
         "securityContext": _restricted(),
     }
 
 
 def pod_spec(
-    m: ModelConfig, name: str, pool: GpuPoolInfo, cloud: str, spot_notice_s: int, hf_secret: Optional[str]
+    m: ModelConfig, name: str, pool: GpuPoolInfo, cloud: str, spot_notice_s: int, hf_secret: Optional[str],
+    runtime_image: Any,
 ) -> dict[str, Any]:
+    """`runtime_image`: the runtime image by digest (a change of its code rolls the pods)."""
     b = model_budget(m, pool.capacity, spot_notice_s, cloud)
-    init = [drain_sidecar(m)]
+    init = [drain_sidecar(m, runtime_image)]
     if m.cache.prewarm:
-        init.append(prewarm_container(m))
+        init.append(prewarm_container(m, runtime_image))
     return {
         "terminationGracePeriodSeconds": b.grace_s,
         "serviceAccountName": drain_service_account_name(name),
@@ -382,18 +369,10 @@ def pod_spec(
         "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
         "affinity": node_affinity(pool),
         "tolerations": [dict(t) for t in pool.tolerations],
-        "topologySpreadConstraints": topology_spread(m),
         "initContainers": init,
         "containers": [vllm_container(m, pool, hf_secret, b)],
         "volumes": volumes(m, name, pool.cache_host_path),
     }
-
-
-def runtime_hash(files: dict[str, str]) -> str:
-    h = hashlib.sha256()
-    for k in sorted(files):
-        h.update(k.encode() + b"\0" + files[k].encode() + b"\0")
-    return h.hexdigest()[:16]
 
 
 PRESTOP_ANNOTATION = "gpuinfra.io/prestop-timeout-seconds"
@@ -408,7 +387,7 @@ def deployment_spec(
     spot_notice_s: int,
     hf_secret: Optional[str],
     labels: dict[str, str],
-    runtime: dict[str, str],
+    runtime_image: Any,
 ) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "selector": {"matchLabels": selector_labels(m)},
@@ -419,12 +398,12 @@ def deployment_spec(
             "metadata": {
                 "labels": object_labels(m, labels),
                 "annotations": {
-                    "gpuinfra.io/runtime-hash": runtime_hash(runtime),
                     # the preStop drain budget, for policy checks of terminationGracePeriodSeconds
                     PRESTOP_ANNOTATION: str(model_budget(m, pool.capacity, spot_notice_s, cloud).prestop_s),
                 },
             },
-            "spec": pod_spec(m, name, pool, cloud, spot_notice_s, hf_secret),
+            "spec": {**pod_spec(m, name, pool, cloud, spot_notice_s, hf_secret, runtime_image),
+                     "topologySpreadConstraints": topology_spread(selector_labels(m), placement.max_replicas)},
         },
     }
     if not m.autoscaling.enabled:
@@ -439,12 +418,3 @@ def pvc_name(name: str) -> str:
 
 def drain_service_account_name(name: str) -> str:
     return f"{name}-drain"
-
-
-def runtime_configmap_name(name: str) -> str:
-    return f"{name}-drain-runtime"
-
-
-def runtime_files() -> dict[str, str]:
-    """The stdlib scripts the pod runs, shipped in a ConfigMap."""
-    return {f: (RUNTIME_DIR / f).read_text() for f in RUNTIME_FILES}

@@ -2,8 +2,7 @@
 
 Deployment (vLLM + the spot-drain native sidecar + the pre-warm initContainer), the tier Service
 and (primary tier) the shared per-served-model Service, a PDB, queue-depth autoscaling (KEDA or
-HPA), a ServiceMonitor, a PrometheusRule, a Grafana dashboard ConfigMap, the drain runtime
-ConfigMap and the HF token Secret. Every document comes from a decider in `serving_spec`,
+HPA), a ServiceMonitor, a PrometheusRule, a Grafana dashboard ConfigMap and the HF token Secret. Every document comes from a decider in `serving_spec`,
 `serving_autoscale`, `alerts` or `dashboard`; this class only wires resources.
 """
 
@@ -15,7 +14,7 @@ from typing import Optional
 import pulumi
 import pulumi_kubernetes as k8s
 
-from components.serving.alerts import prometheus_rule_spec
+from components.serving.alerts import AlertSignals, prometheus_rule_spec
 from components.platform.cluster_handle import GpuPoolInfo
 from components.platform.config import ObservabilityConfig
 from components.serving.config import ModelConfig, Placement
@@ -44,8 +43,6 @@ from components.serving.pod_spec import (
     deployment_spec,
     object_labels,
     pvc_name,
-    runtime_configmap_name,
-    runtime_files,
     shared_service_name,
     startup_budget_s,
 )
@@ -64,8 +61,12 @@ class VllmServingArgs:
     hf_token: Optional[pulumi.Output[str]]
     observability: ObservabilityConfig
     labels: dict[str, str]
+    runtime_image: pulumi.Input[str]
+    """The runtime image by digest (ProjectImages.refs["runtime"]): drain sidecar and pre-warm."""
     prometheus_url: Optional[str] = None
     """Overrides observability.prometheus_url for the autoscaler (PlatformAddons.prometheus_url)."""
+    cuda_tracing: bool = False
+    """The cluster's eBPF agent traces CUDA calls (renders the CudaLaunchStall alert)."""
 
 
 class VllmServing(pulumi.ComponentResource):
@@ -92,9 +93,6 @@ class VllmServing(pulumi.ComponentResource):
             return k8s.meta.v1.ObjectMetaArgs(
                 name=obj_name, namespace=ns, labels={**labels, **(extra_labels or {})}, annotations=annotations
             )
-
-        runtime = runtime_files()
-        k8s.core.v1.ConfigMap(f"{name}-runtime", metadata=meta(runtime_configmap_name(app)), data=runtime, opts=child)
 
         hf_secret = None
         if args.hf_token is not None:
@@ -140,7 +138,7 @@ class VllmServing(pulumi.ComponentResource):
             f"{name}-deployment",
             metadata=meta(app, annotations={"pulumi.com/timeoutSeconds": str(startup_budget_s(m, args.pool) + 600)}),
             spec=deployment_spec(
-                m, app, args.placement, args.pool, args.cloud, args.spot_notice_s, hf_secret, args.labels, runtime
+                m, app, args.placement, args.pool, args.cloud, args.spot_notice_s, hf_secret, args.labels, args.runtime_image
             ),
             opts=child,
         )
@@ -198,12 +196,13 @@ class VllmServing(pulumi.ComponentResource):
             spec=service_monitor_spec(m),
             opts=child,
         )
+        signals = AlertSignals(cuda_tracing=args.cuda_tracing, spot=args.pool.capacity == "spot")
         k8s.apiextensions.CustomResource(
             f"{name}-rules",
             api_version="monitoring.coreos.com/v1",
             kind="PrometheusRule",
             metadata=meta(app, release),
-            spec=ns.apply(lambda n: prometheus_rule_spec(m, app, n, o.alerts)),
+            spec=ns.apply(lambda n: prometheus_rule_spec(m, app, n, o.alerts, signals)),
             opts=child,
         )
         if o.grafana_dashboards:

@@ -19,10 +19,21 @@ provider = k8s.Provider("platform-cluster", kubeconfig=platform.kubeconfig(clust
 on_cluster = pulumi.ResourceOptions(provider=provider)
 labels = {"app.kubernetes.io/name": "chat-client"}
 
-ns = k8s.core.v1.Namespace("chat-client", metadata={"name": "chat-client"}, opts=on_cluster)
+# The serving namespace admits only namespaces carrying the labels the contract names
+# (`clusters.<cluster>.client_namespace_labels`, docs/contract.md "Onboarding a consumer"). A team the
+# platform onboarded (`consumers`) deploys into the namespace the platform made: create_namespace false.
+namespace = cfg.get("namespace") or "chat-client"
+if cfg.get_bool("create_namespace") is not False:
+    ns_name = k8s.core.v1.Namespace(
+        "chat-client",
+        metadata={"name": namespace, "labels": platform.client_namespace_labels(cluster)},
+        opts=on_cluster,
+    ).metadata.name
+else:
+    ns_name = pulumi.Output.from_input(namespace)
 script = k8s.core.v1.ConfigMap(
     "chat-client-script",
-    metadata={"namespace": ns.metadata.name, "labels": labels},
+    metadata={"namespace": ns_name, "labels": labels},
     data={"client.py": CLIENT_SCRIPT},
     opts=on_cluster,
 )
@@ -31,7 +42,7 @@ env = pulumi.Output.all(platform.endpoint(model, cluster), platform.served_model
 )
 k8s.apps.v1.Deployment(
     "chat-client",
-    metadata={"namespace": ns.metadata.name, "labels": labels},
+    metadata={"namespace": ns_name, "labels": labels},
     spec={
         "replicas": 1,
         "selector": {"matchLabels": labels},

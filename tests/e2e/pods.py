@@ -28,7 +28,7 @@ from typing import Iterator, Optional
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2e import engines
-from tests.kernel_env import kernel_skip_reason as shared_skip_reason
+from tests.kernel_env import kernel_skip_reason as shared_skip_reason, private_bpffs as bpffs_dir
 from tests.e2e.project import BPF_DIR
 
 
@@ -123,16 +123,16 @@ def scrape(port: int) -> dict[str, float]:
 
 
 @contextlib.contextmanager
-def agent(cgroup: str, ports: list[int], log_path: Path, allow_clients: str = "cgroup:client") -> Iterator[int]:
+def agent(cgroup: str, ports: list[int], log_path: Path, allow_clients: str = "cgroup:client,cgroup:server") -> Iterator[int]:
     """The real agent (sockredir only) attached to `cgroup`; yields its metrics port. Only the
-    client pod's sockets may be accelerated (`--allow-clients`, relative to `cgroup`), as the
-    DaemonSet allows only the serving namespace's pods."""
+    client and server pods' sockets may be accelerated (`--allow-clients`, relative to `cgroup`;
+    both ends of a pair must be on it), as the DaemonSet allows only the serving namespace's pods."""
     r = subprocess.run(["make", "-C", str(BPF_DIR)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, f"bpf build failed:\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}"
     tag = uuid.uuid4().hex[:8]
     mport = engines.free_port()
     cmd = [sys.executable, "-m", "agent", "--programs", "sockredir", "--cgroup-path", cgroup,
-           "--pin-dir", f"/sys/fs/bpf/gpuinfra-e2e-{tag}", "--unpin-on-exit", "true",
+           "--pin-dir", f"{bpffs_dir()}/gpuinfra-e2e-{tag}", "--unpin-on-exit", "true",
            "--metrics-addr", "127.0.0.1", "--metrics-port", str(mport), "--cuda-scan", "false",
            "--ports", ",".join(map(str, ports)), "--allow-clients", allow_clients]
     log = open(log_path, "wb")
@@ -158,7 +158,7 @@ def agent(cgroup: str, ports: list[int], log_path: Path, allow_clients: str = "c
             proc.kill()
             proc.wait(10)
         log.close()
-        shutil.rmtree(f"/sys/fs/bpf/gpuinfra-e2e-{tag}", ignore_errors=True)
+        shutil.rmtree(f"{bpffs_dir()}/gpuinfra-e2e-{tag}", ignore_errors=True)
 
 
 def run_client(pod: Pod, host: str, port: int, model: str, n: int, max_tokens: int, concurrency: int,

@@ -99,8 +99,10 @@ def _model(run) -> RenderedModel:
     sidecar = next(c for c in pod.get("initContainers", []) if c["name"] == "spot-drain")
     model = dep.inputs["metadata"]["labels"]["gpuinfra.io/model"]
     namespace = dep.inputs["metadata"]["namespace"]
+    # The tier Service shares the Deployment's name (the Prometheus job); the drain Service carries
+    # the same model label, and registration order between the two is not fixed.
     svc = next(r for r in run.by_type("kubernetes:core/v1:Service")
-               if r.inputs["metadata"].get("labels", {}).get("gpuinfra.io/model") == model
+               if r.inputs["metadata"]["name"] == dep.inputs["metadata"]["name"]
                and r.inputs["metadata"]["namespace"] == namespace)
     rule = next(r for r in run.by_type("kubernetes:monitoring.coreos.com/v1:PrometheusRule")
                 if r.inputs["metadata"]["namespace"] == namespace)
@@ -184,6 +186,17 @@ def rendered_spot_pod(stack: str = E2E_STACK) -> RenderedPod:
         drain_volume=next(v for v in pod["volumes"] if v["name"] == "drain"),
         pdb=dict(pdb.inputs["spec"]), nodepool_grace_s=int(grace[:-1]),
     )
+
+
+@lru_cache(maxsize=None)
+def committed_rules(stack: str = E2E_STACK) -> list[dict[str, Any]]:
+    """The first model's alert rules as `stack` renders them as committed (on spot, so with the
+    spot-drain alert that the on-demand e2e variant does not render)."""
+    run = run_program(stack)
+    model = json.loads(json.dumps(stack_config(stack)))["gpu-inference-platform:models"][0]["name"]
+    rule = next(r for r in run.by_type("kubernetes:monitoring.coreos.com/v1:PrometheusRule")
+                if r.inputs["spec"]["groups"][0]["name"] == f"vllm-{model}")
+    return [r for g in rule.inputs["spec"]["groups"] for r in g["rules"]]
 
 
 # Flags whose rendered value cannot be used on this machine, and what replaces it:

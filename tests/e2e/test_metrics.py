@@ -24,7 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2e import engines, sse
 from tests.e2e.kube import NAMESPACE, NODE, FakeApi
-from tests.e2e.project import CUDA_METRIC, DRAIN_METRIC, DRAIN_PY, grouping_labels, selectors
+from tests.e2e.project import CUDA_METRIC, DRAIN_METRIC, DRAIN_PY, committed_rules, grouping_labels, selectors
 
 TARGET_LABELS = {"namespace", "service", "pod", "container", "endpoint", "job", "instance"}
 EBPF_METRICS = {f"{CUDA_METRIC}_bucket", "ebpf_tcp_send_backpressure_total", "ebpf_tcp_send_samples_total"}
@@ -159,7 +159,8 @@ def _alert_test(rule: dict, fired_labels: dict[str, str] | None, at: str) -> dic
 @pytest.mark.skipif(engines.promtool() is None, reason="promtool missing: apt-get install prometheus (tests/e2e/apt-packages.txt)")
 def test_promtool_rules_fire_on_real_series_and_keda_queries_evaluate(loaded, sidecar_samples, model, tmp_path):
     samples, peak_waiting = loaded
-    rules = {r["alert"]: r for r in model.rules}
+    # Every alert the e2e variant renders, plus those only the committed (spot) dev stack renders.
+    rules = {r["alert"]: r for r in [*committed_rules(), *model.rules]}
     ns, job = model.namespace, model.job
     pod = POD.format(job=job)
     tests = []
@@ -221,7 +222,9 @@ def test_promtool_rules_fire_on_real_series_and_keda_queries_evaluate(loaded, si
     tests.append({"interval": "1m", "input_series": two, "promql_expr_test": [
         {"expr": q, "eval_time": "2m", "exp_samples": [{"labels": "{}", "value": keda_value(q)}]} for q in model.keda_queries]})
 
-    (tmp_path / "rules.yaml").write_text(yaml.safe_dump({"groups": [{"name": "rendered", "rules": model.rules}]}))
+    tested = {t["alertname"] for case in tests for t in case.get("alert_rule_test", [])}
+    assert tested == set(rules), f"rendered alerts promtool does not evaluate: {sorted(set(rules) - tested)}"
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump({"groups": [{"name": "rendered", "rules": list(rules.values())}]}))
     (tmp_path / "test.yaml").write_text(yaml.safe_dump(
         {"rule_files": ["rules.yaml"], "evaluation_interval": "1m", "tests": tests}, sort_keys=False))
     r = subprocess.run([engines.promtool(), "test", "rules", "test.yaml"], cwd=tmp_path,

@@ -64,11 +64,13 @@ def cgroup2_root(kernel, tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="session")
-def bpffs(kernel) -> str:
-    if _mountpoint("bpf") is None:
-        os.makedirs("/sys/fs/bpf", exist_ok=True)
-        subprocess.run(["mount", "-t", "bpf", "bpf", "/sys/fs/bpf"], check=True)
-    return "/sys/fs/bpf"
+def bpffs(kernel, tmp_path_factory) -> str:
+    """A bpffs instance of this test session's own: pins never land in the node's shared
+    /sys/fs/bpf, where another agent (or another test run) may be pinning too."""
+    path = str(tmp_path_factory.mktemp("bpffs"))
+    subprocess.run(["mount", "-t", "bpf", "bpf", path], check=True, timeout=10)
+    yield path
+    subprocess.run(["umount", "-l", path], check=False, timeout=10)
 
 
 @pytest.fixture

@@ -89,12 +89,12 @@ def test_cudalat_without_sys_admin_reports_not_loaded_with_the_reason(bpf_build,
 
 def test_second_agent_on_the_node_fails_fast_and_the_first_keeps_running(bpf_build, test_cgroup, pin_dir):
     p1, p2 = free_port(), free_port()
-    a = subprocess.Popen(_agent(pin_dir, test_cgroup, "--programs", "sockredir", "--ports", "8000",
+    a = subprocess.Popen(_agent(pin_dir, test_cgroup, "--programs", "sockredir", "--ports", "8000", "--allow-clients", "cgroup:/",
                                 "--metrics-port", str(p1), "--bpf-dir", bpf_build),
                          cwd=BPF_DIR, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         _wait_up(a, p1)
-        b = subprocess.run(_agent(pin_dir, test_cgroup, "--programs", "sockredir", "--ports", "8000",
+        b = subprocess.run(_agent(pin_dir, test_cgroup, "--programs", "sockredir", "--ports", "8000", "--allow-clients", "cgroup:/",
                                   "--metrics-port", str(p2), "--bpf-dir", bpf_build),
                            cwd=BPF_DIR, capture_output=True, text=True, timeout=30)
         assert b.returncode == 3 and "one agent per node" in b.stderr, b.stderr
@@ -127,7 +127,7 @@ def test_pins_of_an_older_map_layout_do_not_disable_sockredir(bpf_build, test_cg
 
 def test_uninstall_removes_every_pin(bpf_build, test_cgroup, pin_dir):
     port = free_port()
-    a = subprocess.Popen(_agent(pin_dir, test_cgroup, "--programs", "sockredir", "--ports", "8000",
+    a = subprocess.Popen(_agent(pin_dir, test_cgroup, "--programs", "sockredir", "--ports", "8000", "--allow-clients", "cgroup:/",
                                 "--metrics-port", str(port), "--bpf-dir", bpf_build),
                          cwd=BPF_DIR, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     _wait_up(a, port)
@@ -147,7 +147,7 @@ def test_busy_metrics_port_fails_before_anything_is_attached(bpf_build, test_cgr
         busy.bind(("127.0.0.1", 0))
         busy.listen(1)
         port = busy.getsockname()[1]
-        r = subprocess.run(_agent(pin_dir, test_cgroup, "--programs", "sockredir", "--ports", "8000",
+        r = subprocess.run(_agent(pin_dir, test_cgroup, "--programs", "sockredir", "--ports", "8000", "--allow-clients", "cgroup:/",
                                   "--metrics-port", str(port), "--bpf-dir", bpf_build),
                            cwd=BPF_DIR, capture_output=True, text=True, timeout=30)
     assert r.returncode == 4 and "cannot serve /metrics" in r.stderr, r.stderr

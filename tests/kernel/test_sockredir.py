@@ -162,3 +162,31 @@ def test_other_ports_are_not_redirected(redirect):
         assert all(other not in (k[1], k[3]) for k in unit.sockets())
     finally:
         srv.close()
+
+
+def test_entries_of_sockets_that_closed_while_no_agent_ran_are_dropped_at_start(bpf_build, test_cgroup, pin_dir):
+    """The pinned maps outlive the agent; a socket that closes while no sock_ops program is attached
+    leaves its entries behind (the kernel unlinks it from the sockhash only). The next agent drops
+    them, or a node's maps would fill up restart after restart."""
+    port = free_port()
+    kw = dict(name="sockredir", bpf_dir=bpf_build, pin_dir=pin_dir, ports=(port,), cgroup_path=test_cgroup,
+              allow_clients=("cgroup:/",))
+    first = SockRedir(unpin_on_exit=False, **kw)
+    assert first.start(), first.error
+    srv = EchoServer(socket.AF_INET, "127.0.0.1", port)
+    try:
+        c = socket.create_connection(("127.0.0.1", port), timeout=10)
+        c.sendall((5).to_bytes(4, "big") + b"hello")
+        assert _recv_exact(c, 9)[4:] == b"hello"
+        assert len(first.obj.map("sockredir_conns").keys(8)) == 2, "the pair is in the maps"
+        first.stop()  # the pins stay; nothing handles TCP_CLOSE from here on
+        c.close()  # the echo server closes its end on EOF
+        time.sleep(0.3)
+        second = SockRedir(unpin_on_exit=True, **kw)
+        assert second.start(), second.error
+        try:
+            assert second.obj.map("sockredir_conns").keys(8) == [], "stale entries survived the restart"
+        finally:
+            second.stop()
+    finally:
+        srv.close()

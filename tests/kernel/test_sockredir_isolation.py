@@ -8,7 +8,6 @@ import os
 import select
 import socket
 import subprocess
-import threading
 import time
 import uuid
 
@@ -132,14 +131,14 @@ def test_client_not_on_the_allow_list_is_not_accelerated_so_a_drop_rule_stops_it
     socks: list[socket.socket] = []
     try:
         ns = make_netns()
-        with in_netns(f"/run/netns/{ns}"):
+        with _in_cgroup(allowed), in_netns(f"/run/netns/{ns}"):
             listener = _listener(SERVER_PORT)
         socks.append(listener)
         c, s = _connect_from(other, ns, listener)
         socks += [c, s]
         assert unit.sockets() == [], "a client outside the allow-list was inserted"
         assert unit.counters()["not_allowed"] >= 1, unit.counters()
-        assert unit.counters()["unpaired"] >= 1, "its server socket must not be inserted either"
+        assert unit.counters()["unpaired"] >= 1, "its (allowed) server socket must not pair with nothing"
 
         _drop_port(ns, SERVER_PORT)
         c.sendall(b"after the policy changed")
@@ -159,7 +158,7 @@ def test_allowed_pair_is_accelerated_and_bypasses_netfilter_as_documented(
     socks: list[socket.socket] = []
     try:
         ns = make_netns()
-        with in_netns(f"/run/netns/{ns}"):
+        with _in_cgroup(allowed), in_netns(f"/run/netns/{ns}"):
             listener = _listener(SERVER_PORT)
         socks.append(listener)
         c, s = _connect_from(allowed, ns, listener)
@@ -200,7 +199,7 @@ def test_two_pods_in_their_own_namespaces_are_accelerated(bpf_build, test_cgroup
     try:
         client_ns, server_ns = make_netns(), make_netns()
         client_ip, server_ip = _veth(client_ns, server_ns, f"198.19.{uuid.uuid4().int % 250}")
-        with in_netns(f"/run/netns/{server_ns}"):
+        with _in_cgroup(allowed), in_netns(f"/run/netns/{server_ns}"):
             listener = socket.socket()
             listener.bind((server_ip, SERVER_PORT))
             listener.listen(8)
@@ -228,12 +227,14 @@ def test_two_pods_in_their_own_namespaces_are_accelerated(bpf_build, test_cgroup
 
 
 PATTERN = bytes(range(251)) * (1 << 18)  # ~64 MiB; 251 is prime, so a reordering shows
+CHUNK = 65536
 
 
 def test_stalled_reader_is_bounded_and_bytes_stay_in_order(bpf_build, test_cgroup, pin_dir):
-    """The reader never reads. Without a bound the sender keeps 'sending' into the peer's ingress
-    queue (no window, no rcvbuf check) until memory runs out; with it the socket goes back to TCP
-    and the sender blocks after roughly rcvbuf + sndbuf + what is already queued."""
+    """The reader never reads. Without a bound the sender keeps 'sending' into the peer's queue of
+    redirected bytes (no window applies there) until memory runs out. The bound is the reader's
+    sk_rcvbuf: a message is redirected only while that queue is below it, so at most rcvbuf plus
+    one message goes that way, and the rest waits for TCP's window."""
     port = free_port()
     unit = _unit(bpf_build, pin_dir, test_cgroup, (port,), ("cgroup:/",))
     listener = _listener(port, rcvbuf=65536)
@@ -242,26 +243,28 @@ def test_stalled_reader_is_bounded_and_bytes_stay_in_order(bpf_build, test_cgrou
     try:
         c.setblocking(False)
         sent = 0
-        while sent < len(PATTERN) - 65536:
+        while sent < len(PATTERN) - CHUNK:
             try:
-                sent += c.send(PATTERN[sent:sent + 65536])
+                sent += c.send(PATTERN[sent:sent + CHUNK])
             except BlockingIOError:
                 if not select.select([], [c], [], 1.0)[1]:
                     break  # blocked for a second: the kernel is holding the sender back
         rcvbuf = s.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
-        assert sent < 16 * 1024 * 1024, f"{sent} bytes accepted for a reader that never reads (rcvbuf {rcvbuf})"
+        redirected = unit.counters()["redirected_bytes"]
+        assert 0 < redirected <= rcvbuf + CHUNK, (
+            f"{redirected} bytes redirected to a reader that never reads; the bound is its rcvbuf {rcvbuf} "
+            f"+ one {CHUNK}-byte message")
+        assert sent < 4 * rcvbuf + 8 * 1024 * 1024, f"{sent} bytes accepted for a reader that never reads"
         assert unit.counters()["flow_control"] >= 1, unit.counters()
 
         # Draining gets every byte, in order, across the switch from redirect to TCP.
         got = bytearray()
         s.settimeout(10)
-        reader_done = threading.Event()
         while len(got) < sent:
             chunk = s.recv(1 << 20)
             if not chunk:
                 break
             got += chunk
-        reader_done.set()
         assert len(got) == sent and bytes(got) == PATTERN[:sent], "bytes lost or reordered"
     finally:
         c.close()

@@ -1,0 +1,57 @@
+"""ArtifactRegistry: one Docker repository in Artifact Registry for a GKE cluster's project images,
+with immutable tags and a retention policy, and the push credentials for pulumi-docker-build.
+
+The nodes pull as the cluster's node service account, which holds `roles/artifactregistry.reader`
+on the project (`specs.NODE_SA_ROLES`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import pulumi
+import pulumi_gcp as gcp
+
+from components.images.specs import SOURCES, artifact_registry_cleanup, artifact_registry_host, artifact_registry_id
+from components.platform.registry import ImageRegistry
+
+
+@dataclass(frozen=True)
+class ArtifactRegistryArgs:
+    cluster: str
+    project: str
+    region: str
+    labels: dict[str, str]
+
+
+class ArtifactRegistry(pulumi.ComponentResource):
+    registry: ImageRegistry
+
+    def __init__(self, name: str, args: ArtifactRegistryArgs, opts: Optional[pulumi.ResourceOptions] = None):
+        super().__init__("gpuinfra:gcp:ArtifactRegistry", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        repo_id = artifact_registry_id(args.cluster)
+        repo = gcp.artifactregistry.Repository(
+            f"{name}-repository",
+            repository_id=repo_id,
+            project=args.project,
+            location=args.region,
+            format="DOCKER",
+            description=f"gpuinfra images for {args.cluster}",
+            docker_config={"immutable_tags": True},
+            cleanup_policies=artifact_registry_cleanup(),
+            labels=args.labels,
+            opts=child,
+        )
+        host = artifact_registry_host(args.region)
+        base = pulumi.Output.concat(host, "/", repo.project, "/", repo.repository_id)
+        client = gcp.organizations.get_client_config_output(opts=pulumi.InvokeOutputOptions(parent=self))
+        self.registry = ImageRegistry(
+            repositories={src.role: pulumi.Output.concat(base, "/", src.repository) for src in SOURCES},
+            # An OAuth access token of the deployer's credentials (Artifact Registry's
+            # `oauth2accesstoken` user; cloud.google.com/artifact-registry/docs/docker/authentication).
+            credentials={"address": host, "username": "oauth2accesstoken",
+                         "password": pulumi.Output.secret(client.access_token)},
+            ready_after=[repo],
+        )
+        self.register_outputs({"repositories": self.registry.repositories})
