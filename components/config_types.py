@@ -24,8 +24,6 @@ TopologyPolicy = Literal["none", "best-effort", "restricted", "single-numa-node"
 # default, 120 s when extended on GKE >= 1.35).
 AWS_SPOT_NOTICE_S = 120
 GKE_DEFAULT_SPOT_NOTICE_S = 30
-# Time kept back from the notice for readiness to propagate and the process to exit.
-SPOT_NOTICE_MARGIN_S = 5
 
 K8S_VERSIONS = ("1.33", "1.34", "1.35", "1.36")
 

@@ -27,7 +27,8 @@ from components.images.config import ImagesConfig
 from components.node_pools import effective_reserved_cpus, pool_topology_policy
 from components.platform.config import Consumer, Namespaces, ObservabilityConfig
 from components.router.config import RouterConfig
-from components.serving.config import ModelConfig, Placement, spot_drain_budget_s, worst_drain_s
+from components.serving.budget import budget_problem, go_duration, nodepool_termination_grace_s
+from components.serving.config import ModelConfig, Placement, model_budget
 
 Cluster = Annotated[Union[AwsCluster, GcpCluster, ExistingCluster], Field(discriminator="cloud")]
 AnyPool = Union[AwsGpuPool, GcpGpuPool, ExistingGpuPool]
@@ -310,8 +311,7 @@ def _placements(s: StackConfig) -> list[str]:
             errs += _fit(
                 key, m, pool, pool_key, pool_topology_policy(cluster, pool), effective_reserved_cpus(cluster, pool)
             )
-            if pool.capacity == "spot":
-                errs += _drain_budget(key, m, cluster, ci)
+            errs += _drain_budget(key, m, cluster, ci, pool, pool_key)
     return errs
 
 
@@ -377,30 +377,27 @@ def _fit(key: str, m: ModelConfig, pool: AnyPool, pool_key: str, policy: str, re
     return errs
 
 
-def _drain_budget(key: str, m: ModelConfig, cluster: Any, ci: int) -> list[str]:
-    notice = cluster.spot_notice_s
-    if notice <= 0:
-        return []
-    budget = m.drain.spot_drain_budget_s
-    if budget is not None and budget > notice:
-        return [
-            f"{key}.drain.spot_drain_budget_s: {budget}s is longer than the {notice}s spot notice "
-            f"of cluster '{cluster.name}' (clusters[{ci}]); allowed: 1..{notice}"
-        ]
-    effective = spot_drain_budget_s(m, notice)
-    if m.drain.max_request_s > effective:
-        return [
-            f"{key}.drain.max_request_s: {m.drain.max_request_s}s streams cannot finish within the "
-            f"{effective}s spot drain budget of cluster '{cluster.name}' (clusters[{ci}], "
-            f"{notice}s notice); allowed: <= {effective}, or place the model on an on-demand pool"
-        ]
-    if worst_drain_s(m) > effective:
-        e = m.engine
-        return [
-            f"{key}.engine.max_queued_requests: {e.max_queued_requests} queued on "
-            f"{e.max_num_seqs} slots wait up to {worst_drain_s(m) - m.drain.max_request_s}s before "
-            f"streaming {m.drain.max_request_s}s: {worst_drain_s(m)}s exceeds the {effective}s spot "
-            f"drain budget of cluster '{cluster.name}' (clusters[{ci}]); allowed: a queue whose "
-            f"(1 + ceil(queued / max_num_seqs)) x max_request_s fits, e.g. 0"
-        ]
+def cluster_cloud(cluster: Any) -> str:
+    """The cloud a cluster's nodes run on (an existing cluster names its underlying one)."""
+    return getattr(cluster, "underlying_cloud", None) or cluster.cloud
+
+
+def _drain_budget(key: str, m: ModelConfig, cluster: Any, ci: int, pool: AnyPool, pool_key: str) -> list[str]:
+    """The drain budget of `m` on `pool` (components/serving/budget.py) must fit the pool's notice
+    and, where Karpenter drains the nodes, the NodePool's terminationGracePeriod."""
+    cloud = cluster_cloud(cluster)
+    b = model_budget(m, pool.capacity, cluster.spot_notice_s, cloud)
+    problem = budget_problem(b)
+    if problem is not None:
+        field = "engine.max_queued_requests" if b.queue_rounds else "drain.max_request_s"
+        return [f"{key}.{field}: on {pool_key} ({pool.capacity}, cluster '{cluster.name}') {problem}"]
+    if cluster.cloud == "aws":
+        limit = nodepool_termination_grace_s(pool.capacity, cluster.spot_notice_s)
+        if b.grace_s > limit:
+            return [
+                f"{key}.drain.max_request_s: the drain's grace of {b.grace_s}s exceeds the "
+                f"{go_duration(limit)} terminationGracePeriod of {pool_key}'s NodePools, after which "
+                f"Karpenter deletes the pod; allowed: a grace <= {limit}s (a shorter queue or "
+                f"max_request_s)"
+            ]
     return []

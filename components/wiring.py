@@ -17,7 +17,7 @@ from components.platform.cluster_handle import ClusterHandle
 from components.aws.config import AwsCluster
 from components.existing.config import ExistingCluster as ExistingClusterConfig
 from components.gcp.config import GcpCluster
-from components.stack_config import StackConfig
+from components.stack_config import StackConfig, cluster_cloud
 from components.config_loader import LoadedConfig
 from components.agent.ebpf_agent import EbpfAgent, EbpfAgentArgs
 from components.existing.cluster import ExistingCluster, ExistingClusterArgs
@@ -139,7 +139,7 @@ def build_layers(
                 model=model,
                 placement=placement,
                 pool=handle.gpu_pools[placement.pool],
-                cloud=handle.cloud,
+                cloud=cluster_cloud(cfg.cluster(handle.name)),
                 spot_notice_s=handle.spot_notice_s,
                 namespace=addons.serving_namespace,
                 hf_token=loaded.hf_token,

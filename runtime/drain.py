@@ -1,20 +1,29 @@
 """Zero-drop drain for a vLLM pod: the preStop hook and the drain sidecar.
 
-Standard library only: it ships to the pod in a ConfigMap (with deadline_http.py and
-disruption.py beside it) and runs in a stock Python image (the sidecar) and in the vLLM image's
-own python3 (the preStop hook).
+The sidecar (runtime/sidecar.py) runs from the runtime image (runtime/requirements.txt: the
+official `kubernetes` client and `prometheus_client`); the preStop runs in the vLLM image's own
+python3 and uses the standard library only (this file and deadline_http.py).
 
 Every drain is started by Kubernetes running the vLLM container's preStop: a rollout or scale-down
 deletes the pod; on a spot notice Karpenter's interruption queue drains the node (AWS) or the
-kubelet's graceful node shutdown kills the pods (GKE). The sequence is the same:
+kubelet's graceful node shutdown kills the pods (GKE); the kubelet also runs it before every
+container kill of its own (liveness or startup-probe failure), after which the container restarts
+in the same pod. The sequence (numbers from components/serving/budget.py):
   1. write the drain flag: the sidecar's `/ready` turns 503 at once, the pod leaves the Service
      endpoints and gets no new requests;
   2. wait `settle` seconds for that to reach every proxy, then until vLLM reports
      `vllm:num_requests_running + vllm:num_requests_waiting == 0` in `IDLE_SAMPLES` consecutive
-     scrapes, bounded by the budget;
+     scrapes (a failed scrape is never idle), bounded by the budget;
   3. return: the kubelet sends SIGTERM and vLLM's `--shutdown-timeout` finishes anything left.
-The sidecar reads why (rollout, node drain, spot) from the API (disruption.py) and exports it as
-`gpuinfra_drain_in_progress{reason}`.
+
+The flag belongs to one vLLM process. It records when it was written; the sidecar reads the start
+time of the vLLM process it scrapes (`process_start_time_seconds`), and a vLLM that started after
+the flag was written is a restarted container: the flag is stale and `/ready` answers 200 again.
+Nothing ever has to delete the flag, so it works under the pod's real users: the preStop writes it
+as the vLLM container's user (root in the vLLM image) into the Memory emptyDir (1777, sticky:
+only its owner may replace or remove it), world-readable, and the sidecar (uid 65534) only reads
+it. Why the pod drains is the sidecar's own state, read from the API (disruption.py) and exported
+as `gpuinfra_drain_in_progress{reason}`.
 
 Usage:  drain.py watch     (the sidecar)
         drain.py prestop   (the vLLM container's preStop hook)
@@ -23,6 +32,7 @@ Settings come from the environment (see `Settings`).
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -32,17 +42,21 @@ import threading
 import time
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import agent_check  # noqa: E402 - shipped beside this file
-import deadline_http  # noqa: E402
-import disruption  # noqa: E402
+import deadline_http  # noqa: E402 - shipped beside this file
 
 log = logging.getLogger("gpuinfra.drain")
 
-QUEUE_METRICS = ("vllm:num_requests_running", "vllm:num_requests_waiting")
-REASONS = ("spot", "node", "rollout")
+RUNNING, WAITING = "vllm:num_requests_running", "vllm:num_requests_waiting"
+KV_USAGE = "vllm:kv_cache_usage_perc"
+START_TIME = "process_start_time_seconds"
+"""prometheus_client's process collector on vLLM's /metrics: the API server's (PID 1's) start,
+in seconds since the epoch (one API server: vllm/v1/metrics/prometheus.py uses the default
+registry, which holds the process collector)."""
+RESTART_SLACK_S = 1.0
+"""The start time comes from /proc ticks and the boot time in whole seconds."""
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 
 
@@ -58,14 +72,16 @@ class Settings:
     http_timeout_s: float
     idle_samples: int
     classify_window_s: float
-    api: Optional[disruption.Api]
+    api: Any  # disruption.Api, or None without POD_NAME/NODE_NAME
 
     @staticmethod
-    def from_env(env: Optional[dict[str, str]] = None) -> "Settings":
+    def from_env(env: Optional[dict[str, str]] = None, with_api: bool = True) -> "Settings":
         e = os.environ if env is None else env
         timeout = float(e.get("HTTP_TIMEOUT_S", "2"))
         api = None
-        if e.get("POD_NAME") and e.get("NODE_NAME"):
+        if with_api and e.get("POD_NAME") and e.get("NODE_NAME"):
+            import disruption  # the sidecar's image has the kubernetes client; the preStop needs none
+
             ca = e.get("KUBE_CA_PATH", f"{SA_DIR}/ca.crt")
             api = disruption.Api(
                 server=e.get("KUBE_API", "https://kubernetes.default.svc").rstrip("/"),
@@ -92,77 +108,75 @@ class Settings:
 
 
 # --------------------------------------------------------------------------------------------
-# The drain flag (shared emptyDir between the vLLM container and the sidecar)
+# vLLM's load, from its /metrics
 # --------------------------------------------------------------------------------------------
 
 
-def flag_reason(path: str) -> Optional[str]:
-    try:
-        with open(path, encoding="utf-8") as f:
-            return f.read().strip() or "unknown"
-    except FileNotFoundError:
-        return None
-    except OSError:
-        return "unknown"  # unreadable but present: fail safe (not ready)
+@dataclass(frozen=True)
+class Load:
+    """One scrape of vLLM: what it holds, how full its KV cache is, and which process it is."""
 
+    running: float
+    waiting: float
+    kv_usage: Optional[float]
+    started_at: Optional[float]
 
-def _write_flag(path: str, reason: str) -> None:
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(reason)
-    os.replace(tmp, path)
-
-
-def set_flag(path: str, reason: str) -> None:
-    """Start a drain; a second start only raises the reason's rank (rollout < node < spot)."""
-    current = flag_reason(path)
-    if current is not None and disruption.upgrade(current, reason) == current:
-        return
-    _write_flag(path, reason)
-
-
-# --------------------------------------------------------------------------------------------
-# vLLM's queue
-# --------------------------------------------------------------------------------------------
+    @property
+    def held(self) -> float:
+        return self.running + self.waiting
 
 
 class ConnectionRefused(Exception):
     pass
 
 
-def parse_queue(text: str, names: tuple[str, ...] = QUEUE_METRICS) -> Optional[float]:
-    """Sum of the samples of `names` in Prometheus text; None unless every name is present."""
-    totals: dict[str, float] = {}
+def _samples(text: str) -> Optional[dict[str, list[float]]]:
+    """Sample values by name from Prometheus' text format (the standard library only: the preStop
+    runs this in the vLLM image); None if any sample line is malformed."""
+    out: dict[str, list[float]] = {}
     for line in text.splitlines():
+        line = line.strip()
         if not line or line.startswith("#"):
             continue
-        for n in names:
-            if line.startswith(n) and line[len(n):len(n) + 1] in ("{", " "):
-                rest = line[len(n):]
-                if rest.startswith("{"):
-                    end = rest.rfind("}")
-                    if end < 0:
-                        return None
-                    rest = rest[end + 1:]
-                fields = rest.split()
-                if not fields:
-                    return None
-                try:
-                    v = float(fields[0])
-                except ValueError:
-                    return None
-                if math.isnan(v) or v < 0:
-                    return None
-                totals[n] = totals.get(n, 0.0) + v
-    if any(n not in totals for n in names):
+        brace = line.find("{")
+        space = line.find(" ")
+        if brace != -1 and (space == -1 or brace < space):
+            end = line.rfind("}")
+            if end < brace:
+                return None
+            name, rest = line[:brace], line[end + 1:]
+        else:
+            name, _, rest = line.partition(" ")
+        fields = rest.split()
+        if not name or not fields or not all(c.isalnum() or c in "_:" for c in name):
+            return None
+        try:
+            out.setdefault(name, []).append(float(fields[0]))
+        except ValueError:
+            return None
+    return out
+
+
+def parse_load(text: str) -> Optional[Load]:
+    """vLLM's load in Prometheus text; None unless running and waiting are present and sane."""
+    s = _samples(text)
+    if s is None or RUNNING not in s or WAITING not in s:
         return None
-    return sum(totals.values())
+    if any(math.isnan(v) or v < 0 for v in s[RUNNING] + s[WAITING]):
+        return None
+    kv = s.get(KV_USAGE)
+    start = s.get(START_TIME)
+    return Load(sum(s[RUNNING]), sum(s[WAITING]), max(kv) if kv else None, start[0] if start else None)
 
 
-def scrape_queue(url: str, timeout: float) -> Optional[float]:
-    """Requests vLLM still holds (running + waiting); None if unknown; raises when refused.
-    One deadline for the whole scrape, and never through a proxy (deadline_http)."""
+def parse_queue(text: str) -> Optional[float]:
+    load = parse_load(text)
+    return None if load is None else load.held
+
+
+def scrape_load(url: str, timeout: float) -> Optional[Load]:
+    """One deadline for the whole scrape, never through a proxy (deadline_http); None if the
+    answer is unknown, ConnectionRefused when nothing listens."""
     try:
         status, body = deadline_http.get(url, timeout)
     except deadline_http.Refused as e:
@@ -171,14 +185,20 @@ def scrape_queue(url: str, timeout: float) -> Optional[float]:
         return None
     if status != 200:
         return None
-    return parse_queue(body.decode("utf-8", "replace"))
+    return parse_load(body.decode("utf-8", "replace"))
+
+
+def scrape_queue(url: str, timeout: float) -> Optional[float]:
+    load = scrape_load(url, timeout)
+    return None if load is None else load.held
 
 
 def wait_drained(s: Settings, budget_s: float, stop: Optional[threading.Event] = None,
                  clock: Callable[[], float] = time.monotonic) -> str:
-    """Wait for vLLM to hold no requests in `idle_samples` consecutive scrapes (one empty sample
-    can fall between a request's admission and its scheduling). Returns 'drained', 'gone',
-    'timeout' or 'stopped'."""
+    """Wait out the settle window, then for vLLM to hold no requests in `idle_samples`
+    consecutive scrapes (one empty sample can fall between a request's admission and its
+    scheduling; a failed scrape resets the count). Returns 'drained', 'gone', 'timeout' or
+    'stopped'."""
     stop = stop or threading.Event()
     deadline = clock() + budget_s
     settle_until = clock() + min(s.settle_s, budget_s)
@@ -204,112 +224,44 @@ def wait_drained(s: Settings, budget_s: float, stop: Optional[threading.Event] =
 
 
 # --------------------------------------------------------------------------------------------
-# The sidecar: readiness gate, metrics, and why the pod drains
+# The drain flag (the shared Memory emptyDir): written by the preStop, read by the sidecar
 # --------------------------------------------------------------------------------------------
 
 
-class State:
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.api_errors = 0
-        self.drains = {r: 0 for r in REASONS}
-
-
-def _metrics_text(s: Settings, st: State) -> str:
-    reason = flag_reason(s.flag_path)
-    lines = [
-        "# HELP gpuinfra_drain_in_progress 1 while this pod is draining (readiness failed), by reason.",
-        "# TYPE gpuinfra_drain_in_progress gauge",
-    ]
-    for r in REASONS:
-        lines.append(f'gpuinfra_drain_in_progress{{reason="{r}"}} {1 if reason == r else 0}')
-    with st.lock:
-        lines += [
-            "# HELP gpuinfra_drain_api_errors_total Kubernetes API reads for the drain reason that failed.",
-            "# TYPE gpuinfra_drain_api_errors_total counter",
-            f"gpuinfra_drain_api_errors_total {st.api_errors}",
-        ]
-    return "\n".join(lines) + "\n"
-
-
-def make_server(s: Settings, st: State) -> ThreadingHTTPServer:
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802 - http.server's naming
-            if self.path == "/ready":
-                reason = flag_reason(s.flag_path)
-                code, body = (200, b"ok\n") if reason is None else (503, f"draining: {reason}\n".encode())
-            elif self.path == "/metrics":
-                code, body = 200, _metrics_text(s, st).encode()
-            elif self.path == "/healthz":
-                code, body = 200, b"ok\n"
-            else:
-                code, body = 404, b"not found\n"
-            self.send_response(code)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, fmt, *args):
-            pass
-
-    server = ThreadingHTTPServer((s.ready_addr, s.ready_port), Handler)
-    server.daemon_threads = True
-    return server
-
-
-def classify_once(s: Settings, st: State) -> Optional[str]:
-    """Read the pod, its node and the node's spot events (concurrently) and raise the flag's
-    reason if they show a node drain or a spot reclaim. None when the API could not be read."""
-    if s.api is None:
-        return None
-    pod, node, events = s.api.read_all()
-    if pod is None and node is None and events is None:
-        with st.lock:
-            st.api_errors += 1
-        return None
-    reason = disruption.classify(pod, node, events)
-    set_flag(s.flag_path, reason)
-    return reason
-
-
-def watch(s: Settings, stop: Optional[threading.Event] = None) -> int:
-    """The sidecar: serve /ready and /metrics; once a drain starts, find out why (re-reading the
-    API for `classify_window_s`, since the kubelet's pod condition can land after the preStop
-    starts), until the pod goes away."""
-    stop = stop or threading.Event()
-    st = State()
-    server = make_server(s, st)
-    threading.Thread(target=server.serve_forever, name="ready", daemon=True).start()
-    agent_check.start(agent_check.Settings.from_env(), lambda: flag_reason(s.flag_path) is not None, stop)
-    log.info("sidecar up on :%d, api=%s", server.server_address[1], "yes" if s.api else "no")
+def read_flag(path: str) -> Optional[float]:
+    """When the flag was written (epoch seconds); None without a flag. A flag that cannot be read
+    or parsed counts as written now: fail safe, the pod stays out of the endpoints."""
     try:
-        started: Optional[float] = None
-        while not stop.is_set():
-            reason = flag_reason(s.flag_path)
-            if reason is not None:
-                now = time.monotonic()
-                if started is None:
-                    started = now
-                    log.warning("drain started (%s)", reason)
-                if reason != "spot" and now - started <= s.classify_window_s:
-                    try:
-                        got = classify_once(s, st)
-                    except Exception as e:  # noqa: BLE001 - a reader bug must never kill the sidecar
-                        log.warning("drain reason lookup raised %r", e)
-                        got = None
-                    if got is not None and got != reason:
-                        log.warning("drain reason: %s", flag_reason(s.flag_path))
-            stop.wait(s.poll_interval_s)
-        return 0
-    finally:
-        server.shutdown()
-        server.server_close()
+        with open(path, encoding="utf-8") as f:
+            return float(json.load(f)["written_at"])
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError):
+        return time.time()
+
+
+def write_flag(path: str, now: Optional[float] = None) -> None:
+    """Atomically, world-readable (the sidecar runs as another user)."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        json.dump({"written_at": time.time() if now is None else now}, f)
+    os.chmod(tmp, 0o644)  # whatever the umask
+    os.replace(tmp, path)
+
+
+def flag_is_current(written_at: Optional[float], vllm_started_at: Optional[float]) -> bool:
+    """The flag drains this vLLM unless this vLLM started after it was written (a container
+    restart). Unknown start time (vLLM not answering): keep draining."""
+    if written_at is None:
+        return False
+    return vllm_started_at is None or vllm_started_at <= written_at + RESTART_SLACK_S
 
 
 def prestop(s: Settings) -> int:
     """The vLLM container's preStop: fail readiness, wait (bounded) for in-flight requests."""
-    set_flag(s.flag_path, "rollout")
+    write_flag(s.flag_path)
     result = wait_drained(s, s.prestop_timeout_s)
     log.warning("preStop drain finished: %s", result)
     return 0
@@ -321,13 +273,14 @@ def main(argv: list[str]) -> int:
     if len(argv) != 2 or argv[1] not in ("watch", "prestop"):
         print(__doc__, file=sys.stderr)
         return 2
-    s = Settings.from_env()
     if argv[1] == "prestop":
-        return prestop(s)
+        return prestop(Settings.from_env(with_api=False))
+    import sidecar  # noqa: PLC0415 - the sidecar's imports (kubernetes, prometheus_client) stay out of the hook
+
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    return watch(s, stop)
+    return sidecar.watch(Settings.from_env(), stop)
 
 
 if __name__ == "__main__":

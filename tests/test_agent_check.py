@@ -5,14 +5,20 @@ answering on a real socket from vLLM-like metrics."""
 from __future__ import annotations
 
 import socket
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 
 from runtime import agent_check as ac
-from runtime import drain
+
+RUNTIME = Path(__file__).resolve().parent.parent / "runtime"
+sys.path.insert(0, str(RUNTIME))
+import drain  # noqa: E402  (the sidecar's modules import each other by file name, as in the image)
+import sidecar  # noqa: E402
 
 T = ac.Thresholds(max_num_seqs=8, launch_latency_s=0.001, backpressure_ratio=0.2, pressure_factor=0.5)
 
@@ -112,8 +118,8 @@ def ask(port: int) -> str:
 
 
 def test_drain_sidecar_answers_the_agent_from_vllm_and_its_flag(tmp_path, monkeypatch):
-    """drain.watch() with AGENT_PORT set: the reply follows vLLM's metrics, and the drain flag
-    turns it to `drain` at once."""
+    """The drain sidecar (sidecar.watch) with AGENT_PORT set: the reply follows vLLM's metrics, and
+    the drain flag turns it to `drain` at once."""
     vllm = FakeVllm()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -126,7 +132,7 @@ def test_drain_sidecar_answers_the_agent_from_vllm_and_its_flag(tmp_path, monkey
     try:
         ds = drain.Settings.from_env(env)
         stop = threading.Event()
-        t = threading.Thread(target=drain.watch, args=(ds, stop), daemon=True)
+        t = threading.Thread(target=sidecar.watch, args=(ds, stop), daemon=True)
         t.start()
         end = time.monotonic() + 5
         while time.monotonic() < end:
@@ -140,7 +146,7 @@ def test_drain_sidecar_answers_the_agent_from_vllm_and_its_flag(tmp_path, monkey
         vllm.running = 3
         time.sleep(0.3)
         assert ask(port) == "up 25% maxconn:4\n"
-        drain.set_flag(ds.flag_path, "rollout")
+        drain.write_flag(ds.flag_path)
         assert ask(port) == "drain\n", "the flag is read at reply time: no poll interval of delay"
         stop.set()
         t.join(5)

@@ -34,9 +34,10 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 DRAIN = ROOT / "runtime" / "drain.py"
 sys.path.insert(0, str(DRAIN.parent))
-import deadline_http  # noqa: E402  (the runtime is stdlib scripts, not a package)
+import deadline_http  # noqa: E402  (the runtime is the runtime image's scripts, not a package)
 import disruption  # noqa: E402
 import drain as drain_mod  # noqa: E402
+import sidecar as sidecar_mod  # noqa: E402
 
 STREAMS = 200
 
@@ -62,6 +63,8 @@ class FakeVllm:
         self.running = 0
         self.completed = 0
         self.last_finish = 0.0
+        self.started_at = time.time() - 100  # the process's start (process_start_time_seconds)
+        self.metrics_status = 200
         self.writers: set[asyncio.StreamWriter] = set()
         self.server = self.call(asyncio.start_server(self._handle, "127.0.0.1", 0, backlog=2048))
         self.port = self.server.sockets[0].getsockname()[1]
@@ -83,12 +86,14 @@ class FakeVllm:
             body = json.loads(await reader.readexactly(length)) if length else {}
             if path == "/metrics":
                 text = (
+                    "# TYPE process_start_time_seconds gauge\n"
+                    f"process_start_time_seconds {self.started_at}\n"
                     "# TYPE vllm:num_requests_running gauge\n"
                     f'vllm:num_requests_running{{engine="0",model_name="fake"}} {float(self.running)}\n'
                     "# TYPE vllm:num_requests_waiting gauge\n"
                     'vllm:num_requests_waiting{engine="0",model_name="fake"} 0.0\n'
                 ).encode()
-                writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: "
+                writer.write(f"HTTP/1.1 {self.metrics_status} X\r\n".encode() + b"Content-Type: text/plain\r\nContent-Length: "
                              + str(len(text)).encode() + b"\r\nConnection: close\r\n\r\n" + text)
             elif path == "/v1/completions" and method == "POST":
                 self.running += 1
@@ -155,20 +160,32 @@ class FakeApi:
     """The three reads the sidecar makes, answered from mutable documents."""
 
     def __init__(self, delay: float = 0.0) -> None:
-        self.pod = {"metadata": {"name": "p"}, "status": {"conditions": []}}
-        self.node = {"metadata": {"name": "n", "labels": {}}, "spec": {}}
+        self.pod = {"metadata": {"name": "p", "deletionTimestamp": "2026-12-01T17:00:00Z"}, "status": {"conditions": []}}
+        self.node = {"metadata": {"name": "n", "uid": "node-uid-2", "labels": {}}, "spec": {}}
         self.events: list[dict] = []
         self.delay = delay
+        self.refuse: dict[str, int] = {}  # path prefix -> status to answer instead
         self.auth_missing = 0
+        self.log: list[tuple[str, float, float]] = []  # (path, start, end) of each request
         api = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self):  # noqa: N802
+                t0 = time.monotonic()
+                try:
+                    self._get()
+                finally:
+                    api.log.append((urllib.parse.urlsplit(self.path).path, t0, time.monotonic()))
+
+            def _get(self):
                 time.sleep(api.delay)
                 if self.headers.get("Authorization") != "Bearer tok":
                     api.auth_missing += 1
                     return self._send(401, {})
                 u = urllib.parse.urlsplit(self.path)
+                for prefix, code in api.refuse.items():
+                    if u.path.startswith(prefix):
+                        return self._send(code, {"kind": "Status", "code": code})
                 if u.path == "/api/v1/namespaces/ns/pods/p":
                     return self._send(200, api.pod)
                 if u.path == "/api/v1/nodes/n":
@@ -201,8 +218,8 @@ class FakeApi:
     # what each platform does to the objects
     def karpenter_interruption(self) -> None:
         self.node["metadata"]["labels"]["karpenter.sh/capacity-type"] = "spot"
-        self.events.append({"reason": "SpotInterrupted", "type": "Warning",
-                            "involvedObject": {"kind": "Node", "name": "n"}})
+        self.events.append({"metadata": {"name": "e1"}, "reason": "SpotInterrupted", "type": "Warning",
+                            "involvedObject": {"kind": "Node", "name": "n", "uid": self.node["metadata"]["uid"]}})
         self.karpenter_drain()
 
     def karpenter_drain(self) -> None:
@@ -212,6 +229,7 @@ class FakeApi:
         self.pod["status"]["conditions"].append(
             {"type": "DisruptionTarget", "status": "True", "reason": "TerminationByKubelet",
              "message": "Pod was terminated in response to imminent node shutdown."})
+        self.pod["metadata"].pop("deletionTimestamp", None)  # the kubelet kills it; nobody deleted it
 
     def close(self) -> None:
         self.server.shutdown()
@@ -293,7 +311,14 @@ def stop(p: subprocess.Popen) -> str:
 
 
 def reason_metric(ready: str, reason: str) -> bool:
-    return f'gpuinfra_drain_in_progress{{reason="{reason}"}} 1' in get(f"{ready}/metrics")[1]
+    return f'gpuinfra_drain_in_progress{{reason="{reason}"}} 1.0' in get(f"{ready}/metrics")[1]
+
+
+def api_errors(ready: str, call: str) -> float:
+    for line in get(f"{ready}/metrics")[1].splitlines():
+        if line.startswith(f'gpuinfra_drain_api_errors_total{{call="{call}"}} '):
+            return float(line.rsplit(" ", 1)[1])
+    return -1.0
 
 
 # --------------------------------------------------------------------------------------------
@@ -301,11 +326,12 @@ def reason_metric(ready: str, reason: str) -> bool:
 # --------------------------------------------------------------------------------------------
 
 
-def run_drain(tmp_path, vllm, api, budget: float, before_prestop, after_prestop=None, reason="spot") -> dict:
+def run_drain(tmp_path, vllm, api, budget: float, before_prestop, after_prestop=None, reason="spot",
+              lengths: list[int] | None = None) -> dict:
     env = sidecar_env(tmp_path, vllm.port, api.url, budget)
     p, ready = start_sidecar(env)
     try:
-        lengths = [15 + (i % 16) for i in range(STREAMS)]  # 1.5 s .. 3 s at 0.1 s per token
+        lengths = lengths or [15 + (i % 16) for i in range(STREAMS)]  # 1.5 s .. 3 s at 0.1 s per token
         results = vllm.stream_all(lengths, interval=0.1)
         assert wait_for(lambda: vllm.running == STREAMS, 10), f"only {vllm.running} streams started"
         before_prestop()
@@ -361,18 +387,66 @@ def test_karpenter_consolidation_reads_as_a_node_drain_not_spot(tmp_path, vllm, 
 
 def test_a_prestop_budget_shorter_than_the_streams_does_cut_them(tmp_path, vllm, api):
     """The harness can fail: if the drain gives up early, the abort cuts streams."""
-    r = run_drain(tmp_path, vllm, api, 0.6, api.karpenter_interruption)
-    assert r["ok"].count(False) > 0, "a 0.6 s budget against 1.5-3 s streams should cut some"
+    # 6-9 s streams: however slowly the hook starts on a loaded machine, 0.6 s cannot outlast them
+    r = run_drain(tmp_path, vllm, api, 0.6, api.karpenter_interruption,
+                  lengths=[60 + (i % 31) for i in range(STREAMS)])
+    assert r["ok"].count(False) > 0, "a 0.6 s budget against 6-9 s streams should cut some"
 
 
-def test_rollout_with_the_api_down_stays_rollout_and_counts_errors(tmp_path, vllm):
+def test_a_drain_with_the_api_down_is_unknown_never_spot_and_counts_each_call(tmp_path, vllm):
     env = sidecar_env(tmp_path, vllm.port, f"http://127.0.0.1:{free_port()}")
     p, ready = start_sidecar(env)
     try:
         assert subprocess.run([sys.executable, str(DRAIN), "prestop"], env=env, timeout=20).returncode == 0
-        assert reason_metric(ready, "rollout")
-        assert wait_for(lambda: "gpuinfra_drain_api_errors_total 0" not in get(f"{ready}/metrics")[1], 3)
+        assert reason_metric(ready, "unknown")
+        assert wait_for(lambda: api_errors(ready, "pod") >= 1 and api_errors(ready, "node") >= 1, 3)
         assert p.poll() is None, "the sidecar must outlive the drain (it is the readiness gate)"
+    finally:
+        stop(p)
+
+
+def test_a_403_on_events_alone_is_counted_on_that_call_and_the_rest_still_classifies(tmp_path, vllm, api):
+    api.refuse["/api/v1/namespaces/default/events"] = 403
+    api.karpenter_drain()
+    env = sidecar_env(tmp_path, vllm.port, api.url)
+    p, ready = start_sidecar(env)
+    try:
+        assert subprocess.run([sys.executable, str(DRAIN), "prestop"], env=env, timeout=20).returncode == 0
+        assert wait_for(lambda: reason_metric(ready, "node"), 5), get(f"{ready}/metrics")[1]
+        assert wait_for(lambda: api_errors(ready, "events") >= 1, 3)
+        assert api_errors(ready, "pod") == 0 and api_errors(ready, "node") == 0
+    finally:
+        stop(p)
+
+
+def test_a_rollout_reads_as_rollout(tmp_path, vllm, api):
+    env = sidecar_env(tmp_path, vllm.port, api.url)
+    p, ready = start_sidecar(env)
+    try:
+        assert subprocess.run([sys.executable, str(DRAIN), "prestop"], env=env, timeout=20).returncode == 0
+        assert wait_for(lambda: reason_metric(ready, "rollout"), 5)
+    finally:
+        stop(p)
+
+
+def test_a_probe_restart_comes_back_ready_and_reads_as_restart(tmp_path, vllm, api):
+    """The kubelet runs the preStop before a liveness kill too; the pod is not being deleted and
+    the container restarts in it. The flag stays in the emptyDir; the new vLLM started after it."""
+    api.pod["metadata"].pop("deletionTimestamp")
+    env = sidecar_env(tmp_path, vllm.port, api.url)
+    p, ready = start_sidecar(env)
+    try:
+        assert subprocess.run([sys.executable, str(DRAIN), "prestop"], env=env, timeout=20).returncode == 0
+        assert get(f"{ready}/ready")[0] == 503
+        assert wait_for(lambda: reason_metric(ready, "restart"), 5)
+        time.sleep(1.0)
+        assert get(f"{ready}/ready")[0] == 503, "the same vLLM process must stay out of the endpoints"
+        vllm.started_at = time.time()  # the restarted container's vLLM answers
+        assert wait_for(lambda: get(f"{ready}/ready")[0] == 200, 3), "a restarted vLLM stayed NotReady"
+        assert wait_for(lambda: "gpuinfra_drain_in_progress" in get(f"{ready}/metrics")[1]
+                        and " 1.0" not in "".join(l for l in get(f"{ready}/metrics")[1].splitlines()
+                                                   if l.startswith("gpuinfra_drain_in_progress{")), 3)
+        assert os.path.exists(env["DRAIN_FLAG"]), "nothing deletes the flag; it is simply stale"
     finally:
         stop(p)
 
@@ -469,18 +543,49 @@ def test_a_proxy_in_the_environment_is_never_used(tmp_path, vllm):
         srv.close()
 
 
-def test_the_api_reads_run_concurrently():
-    api = FakeApi(delay=0.6)
+def test_the_pod_and_node_reads_run_concurrently(tmp_path):
+    api = FakeApi(delay=1.0)
     try:
-        token = Path(os.environ.get("TMPDIR", "/tmp")) / f"tok-{os.getpid()}"
+        token = tmp_path / "tok"
         token.write_text("tok")
-        a = disruption.Api(api.url, str(token), None, "ns", "p", "n", 2.0)
-        t0 = time.monotonic()
-        pod, node, events = a.read_all()
-        assert pod and node and events is not None
-        assert time.monotonic() - t0 < 1.2, "pod, node and events were read one after another"
+        a = disruption.Api(api.url, str(token), None, "ns", "p", "n", 5.0)
+        r = a.read_all()
+        assert r.pod and r.node and r.events is not None and not r.failed, r
+        spans = {path.rsplit("/", 2)[-2]: (t0, t1) for path, t0, t1 in api.log}
+        (p0, p1), (n0, n1) = spans["pods"], spans["nodes"]
+        assert p0 < n1 and n0 < p1, f"pod and node were read one after another: {spans}"
     finally:
         api.close()
+
+
+def test_a_slow_api_is_cut_at_the_deadline_and_counted_per_call(tmp_path):
+    api = FakeApi(delay=2.0)
+    try:
+        token = tmp_path / "tok"
+        token.write_text("tok")
+        a = disruption.Api(api.url, str(token), None, "ns", "p", "n", 0.5)
+        t0 = time.monotonic()
+        r = a.read_all()
+        assert time.monotonic() - t0 < 1.2
+        assert sorted(r.failed) == ["node", "pod"] and r.pod is None, r
+    finally:
+        api.close()
+
+
+def test_spot_events_match_the_node_uid_not_its_reused_name(tmp_path, api):
+    """EKS names nodes after their IP; a new node may carry the name of one reclaimed an hour ago,
+    whose SpotInterrupted event is still listed."""
+    api.events.append({"metadata": {"name": "old"}, "reason": "SpotInterrupted", "type": "Warning",
+                       "involvedObject": {"kind": "Node", "name": "n", "uid": "node-uid-1"}})
+    token = tmp_path / "tok"
+    token.write_text("tok")
+    r = disruption.Api(api.url, str(token), None, "ns", "p", "n", 2.0).read_all()
+    assert disruption.classify(r.pod, r.node, r.events) == "rollout"
+    # and the classifier checks the uid itself, whatever a server's field selector did
+    assert disruption.classify(r.pod, r.node, {"items": api.events}) == "rollout"
+    api.karpenter_interruption()
+    r = disruption.Api(api.url, str(token), None, "ns", "p", "n", 2.0).read_all()
+    assert disruption.classify(r.pod, r.node, r.events) == "spot"
 
 
 def test_one_empty_sample_is_not_trusted(tmp_path):
@@ -530,24 +635,42 @@ def test_parse_queue(text, expected):
     assert drain_mod.parse_queue(text) == expected
 
 
-SPOT_AWS = {"metadata": {"labels": {"karpenter.sh/capacity-type": "spot"}},
+NODE_UID = "node-uid-2"
+SPOT_AWS = {"metadata": {"uid": NODE_UID, "labels": {"karpenter.sh/capacity-type": "spot"}},
             "spec": {"taints": [{"key": "karpenter.sh/disrupted", "effect": "NoSchedule"}]}}
-SPOT_GKE = {"metadata": {"labels": {"cloud.google.com/gke-spot": "true"}}, "spec": {}}
-OD_GKE = {"metadata": {"labels": {}}, "spec": {}}
-BY_KUBELET = {"status": {"conditions": [{"type": "DisruptionTarget", "status": "True", "reason": "TerminationByKubelet"}]}}
-EVICTED = {"status": {"conditions": [{"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"}]}}
-SPOT_EVENT = {"items": [{"reason": "SpotInterrupted"}]}
+SPOT_GKE = {"metadata": {"uid": NODE_UID, "labels": {"cloud.google.com/gke-spot": "true"}}, "spec": {}}
+OD_GKE = {"metadata": {"uid": NODE_UID, "labels": {}}, "spec": {}}
+
+
+def _target(reason: str, message: str = "") -> dict:
+    return {"metadata": {}, "status": {"conditions": [
+        {"type": "DisruptionTarget", "status": "True", "reason": reason, "message": message}]}}
+
+
+SHUTDOWN = _target("TerminationByKubelet", "Pod was terminated in response to imminent node shutdown.")
+PRESSURE = _target("TerminationByKubelet", "The node was low on resource: memory. Threshold quantity: 100Mi, available: 50Mi. ")
+PREEMPTED = _target("TerminationByKubelet", "Preempted in order to admit critical pod")
+EVICTED = _target("EvictionByEvictionAPI", "Eviction API: evicting")
+DELETED = {"metadata": {"deletionTimestamp": "2026-12-01T17:00:00Z"}, "status": {}}
+RUNNING = {"metadata": {}, "status": {}}
+SPOT_EVENT = {"items": [{"reason": "SpotInterrupted", "involvedObject": {"kind": "Node", "uid": NODE_UID}}]}
+OLD_SPOT_EVENT = {"items": [{"reason": "SpotInterrupted", "involvedObject": {"kind": "Node", "uid": "node-uid-1"}}]}
 
 
 @pytest.mark.parametrize(
     "pod,node,events,want",
     [
         (EVICTED, SPOT_AWS, SPOT_EVENT, "spot"),          # Karpenter interruption
+        (EVICTED, SPOT_AWS, OLD_SPOT_EVENT, "node"),      # an event of an earlier node with the same name
         (EVICTED, SPOT_AWS, {"items": []}, "node"),       # consolidation / drift of a spot node
-        (BY_KUBELET, SPOT_GKE, {"items": []}, "spot"),    # GKE preemption, graceful node shutdown
-        (BY_KUBELET, OD_GKE, {"items": []}, "node"),      # an on-demand node shutting down
-        ({"status": {}}, OD_GKE, {"items": []}, "rollout"),
-        (None, None, None, "rollout"),                    # API unreadable: never a false spot
+        (SHUTDOWN, SPOT_GKE, {"items": []}, "spot"),      # GKE preemption, graceful node shutdown
+        (SHUTDOWN, OD_GKE, {"items": []}, "shutdown"),    # an on-demand node shutting down
+        (PRESSURE, SPOT_GKE, {"items": []}, "pressure"),  # node-pressure eviction, even on a spot node
+        (PREEMPTED, SPOT_GKE, {"items": []}, "preempted"),  # the kubelet admitting a critical pod
+        (DELETED, OD_GKE, {"items": []}, "rollout"),
+        (RUNNING, OD_GKE, {"items": []}, "restart"),      # the kubelet killing the container (probe)
+        (None, None, None, None),                         # API unreadable: never a false spot
+        (None, SPOT_AWS, None, "node"),                   # what could be read still counts
     ],
 )
 def test_classify(pod, node, events, want):
@@ -558,6 +681,8 @@ def test_the_reason_only_rises():
     assert disruption.upgrade("rollout", "spot") == "spot"
     assert disruption.upgrade("spot", "rollout") == "spot"
     assert disruption.upgrade("node", "spot") == "spot"
+    assert disruption.upgrade("restart", "shutdown") == "shutdown"
+    assert disruption.upgrade("restart", "rollout") == "restart"
     assert disruption.upgrade(None, "rollout") == "rollout"
 
 
@@ -569,3 +694,137 @@ def test_settings_defaults_are_the_pod_layout():
     assert s.api.server == "https://kubernetes.default.svc"
     assert s.api.token_path == "/var/run/secrets/kubernetes.io/serviceaccount/token"
     assert s.api.ca_path == "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
+
+
+# --------------------------------------------------------------------------------------------
+# Safety checks of the drain path, each shown to matter
+# --------------------------------------------------------------------------------------------
+
+
+def _metrics_server(answer):
+    """A /metrics server whose every answer is `answer()` -> (status line, body)."""
+    def handle(c):
+        c.recv(4096)
+        status, text = answer()
+        c.sendall(f"HTTP/1.1 {status}\r\nContent-Length: {len(text)}\r\n\r\n".encode() + text)
+        c.close()
+
+    return _raw_server(handle)
+
+
+@pytest.mark.parametrize("answer", [
+    ("503 Service Unavailable", b"busy"),
+    ("200 OK", b"<html>loading</html>"),
+    ("200 OK", b"vllm:num_requests_waiting 0\n"),  # running missing
+])
+def test_a_failed_scrape_never_counts_as_idle(answer):
+    url, srv = _metrics_server(lambda: answer)
+    try:
+        s = drain_mod.Settings.from_env({"VLLM_METRICS_URL": f"{url}/metrics", "SETTLE_S": "0",
+                                         "POLL_INTERVAL_S": "0.05", "IDLE_SAMPLES": "3"})
+        assert drain_mod.wait_drained(s, 1.0) == "timeout"
+    finally:
+        srv.close()
+
+
+def test_the_settle_window_is_waited_even_when_vllm_is_idle():
+    """Proxies may still send here until endpoint removal has spread: an idle vLLM at the first
+    scrape proves nothing about requests still on their way."""
+    seen = []
+
+    def idle():
+        seen.append(time.monotonic())
+        return "200 OK", b"vllm:num_requests_running 0\nvllm:num_requests_waiting 0\n"
+
+    url, srv = _metrics_server(idle)
+    try:
+        s = drain_mod.Settings.from_env({"VLLM_METRICS_URL": f"{url}/metrics", "SETTLE_S": "1.5",
+                                         "POLL_INTERVAL_S": "0.05", "IDLE_SAMPLES": "3"})
+        t0 = time.monotonic()
+        assert drain_mod.wait_drained(s, 10) == "drained"
+        assert time.monotonic() - t0 >= 1.5 and seen and seen[0] - t0 >= 1.5, "scraped before the settle window ended"
+    finally:
+        srv.close()
+
+
+def test_the_prestop_wait_ends_at_its_budget_even_with_requests_held():
+    url, srv = _metrics_server(lambda: ("200 OK", b"vllm:num_requests_running 3\nvllm:num_requests_waiting 0\n"))
+    try:
+        s = drain_mod.Settings.from_env({"VLLM_METRICS_URL": f"{url}/metrics", "SETTLE_S": "0.2",
+                                         "POLL_INTERVAL_S": "0.05"})
+        out: dict = {}
+        stop = threading.Event()
+        t0 = time.monotonic()
+        waiter = threading.Thread(target=lambda: out.update(r=drain_mod.wait_drained(s, 1.0, stop)), daemon=True)
+        waiter.start()
+        waiter.join(3)
+        stop.set()
+        waiter.join(3)
+        assert out.get("r") == "timeout", f"the wait did not end at its 1 s budget: {out}"
+        assert 1.0 <= time.monotonic() - t0 < 1.5
+    finally:
+        srv.close()
+
+
+def test_a_slow_name_lookup_is_cut_at_the_deadline(monkeypatch):
+    def slow(*a, **kw):
+        time.sleep(3)
+        raise OSError("too late")
+
+    monkeypatch.setattr(socket, "getaddrinfo", slow)
+    t0 = time.monotonic()
+    with pytest.raises(deadline_http.Unreachable):
+        deadline_http.get("http://vllm.invalid:8000/metrics", 0.5)
+    assert time.monotonic() - t0 < 0.9
+
+
+def test_a_body_shorter_than_its_length_is_an_error_not_an_answer():
+    """Cut after `running 0`: a truncated page must not read as an idle vLLM."""
+    def short(c):
+        c.recv(4096)
+        c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 400\r\n\r\nvllm:num_requests_running 0\nvllm:num_requests_waiting 0\n")
+        c.close()
+
+    url, srv = _raw_server(short)
+    try:
+        with pytest.raises(deadline_http.Unreachable, match="short"):
+            deadline_http.get(f"{url}/metrics", 1.0)
+        assert drain_mod.scrape_queue(f"{url}/metrics", 1.0) is None
+    finally:
+        srv.close()
+
+
+def test_an_oversized_body_is_refused_not_cut():
+    def big(c):
+        c.recv(4096)
+        body = b"vllm:num_requests_running 0\nvllm:num_requests_waiting 0\n" + b"#" * 5000 + b"\n"
+        c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        c.close()
+
+    url, srv = _raw_server(big)
+    try:
+        with pytest.raises(deadline_http.Unreachable, match="over"):
+            deadline_http.get(f"{url}/metrics", 1.0, max_body=1000)
+        assert deadline_http.get(f"{url}/metrics", 1.0)[0] == 200
+    finally:
+        srv.close()
+
+
+def test_the_flag_belongs_to_the_process_that_was_running_when_it_was_written():
+    assert drain_mod.flag_is_current(None, 100.0) is False
+    assert drain_mod.flag_is_current(1000.0, 500.0) is True       # the draining process
+    assert drain_mod.flag_is_current(1000.0, None) is True        # vLLM not answering: stay out
+    assert drain_mod.flag_is_current(1000.0, 1000.5) is True      # within /proc's 1 s resolution
+    assert drain_mod.flag_is_current(1000.0, 1010.0) is False     # a restarted container
+
+
+def test_the_load_snapshot_has_what_the_routers_need(tmp_path, vllm):
+    env = sidecar_env(tmp_path, vllm.port, "http://127.0.0.1:1")
+    sc = sidecar_mod.Sidecar(drain_mod.Settings.from_env({**env, "POD_NAME": ""}))
+    sc.poll()
+    snap = sc.snapshot()
+    assert snap.running == 0 and snap.waiting == 0 and snap.draining is False
+    drain_mod.write_flag(env["DRAIN_FLAG"])
+    sc.poll()
+    assert sc.snapshot().draining is True
+    assert oct(os.stat(env["DRAIN_FLAG"]).st_mode & 0o777) == "0o644"

@@ -38,7 +38,6 @@ from components.serving.pod_spec import (
     pod_spec,
     prewarm_budget_bytes,
     served_slug,
-    spot_drain_budget,
     ENGINE_INIT_S,
     startup_budget_s,
     startup_probe_timing,
@@ -142,7 +141,6 @@ def test_sidecar_reads_its_drain_reason_from_the_api_and_polls_no_metadata_serve
     token_mounts = [(x["name"], m["name"]) for x in spec["containers"] + spec["initContainers"]
                     for m in x["volumeMounts"] if m["name"] == "drain-api"]
     assert token_mounts == [("spot-drain", "drain-api")], "only the sidecar holds the API token"
-    assert spot_drain_budget(model(drain={"max_request_s": 20, "spot_drain_budget_s": 22}), 30) == 22
 
 
 def test_drain_rbac_is_read_only_and_scoped():
@@ -466,12 +464,14 @@ def test_the_queue_is_bounded_and_its_wait_counted_in_the_drain():
     """vLLM 0.33 counts waiting + running against `--max-num-queued-reqs` and answers a request
     over it with 503 (`QueueOverflowError`, vllm/exceptions.py; `check_admission`,
     vllm/v1/engine/async_llm.py), so a gateway can overflow it to the economy tier."""
-    from components.serving.config import worst_drain_s
+    from components.serving.config import model_budget
 
     m = model(engine={"tensor_parallel_size": 4, "max_num_seqs": 128, "max_queued_requests": 0},
               drain={"max_request_s": 90})
-    assert m.engine.max_num_queued_reqs == 128 and worst_drain_s(m) == 90
+    assert m.engine.max_num_queued_reqs == 128 and model_budget(m, "on-demand", 0, "aws").queue_rounds == 0
     # the independent test's backlog: 320 streams on 128 slots = 192 queued, 2 rounds of waiting
     big = model(engine={"tensor_parallel_size": 4, "max_num_seqs": 128, "max_queued_requests": 192},
                 drain={"max_request_s": 90})
-    assert big.engine.max_num_queued_reqs == 320 and worst_drain_s(big) == 3 * 90
+    b = model_budget(big, "on-demand", 0, "aws")
+    assert big.engine.max_num_queued_reqs == 320 and b.queue_rounds == 2
+    assert b.prestop_s == 5 + 3 * 90 + 3, "the preStop waits for the queue, not one max_request_s"

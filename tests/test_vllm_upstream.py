@@ -63,7 +63,7 @@ def engine_variants() -> list[dict[str, Any]]:
     variants += [{"enable_chunked_prefill": a, "enable_prefix_caching": b}
                  for a, b in itertools.product([True, False], repeat=2)]
     variants += [{"max_num_batched_tokens": 4096, "max_num_seqs": 64, "tensor_parallel_size": 2,
-                  "pipeline_parallel_size": 2, "shutdown_timeout_s": 0, "port": 8080,
+                  "pipeline_parallel_size": 2, "port": 8080,
                   "gpu_memory_utilization": 0.85, "max_model_len": 32768}]
     return variants
 
@@ -132,7 +132,6 @@ def test_every_emitted_flag_exists_with_the_right_arity(upstream):
             "max_num_batched_tokens": st.none() | st.integers(256, 1 << 20),
             "max_num_seqs": st.integers(1, 4096),
             "max_queued_requests": st.integers(0, 65536),
-            "shutdown_timeout_s": st.none() | st.integers(0, 3600),
         }
     ),
     st.none() | st.just("/mnt/models"),

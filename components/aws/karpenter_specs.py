@@ -16,6 +16,8 @@ from components.aws.config import AwsCluster, AwsGpuPool
 from components.node_pools import effective_reserved_cpus, pool_kubelet, pool_reserved_cpus
 from components.aws.disks import CacheDisk, model_cache_disk
 from components.aws.nodeadm import mime_user_data, node_config
+from components.config_types import AWS_SPOT_NOTICE_S
+from components.serving.budget import go_duration, nodepool_termination_grace_s
 
 KARPENTER_VERSION = "1.15.0"
 KARPENTER_CHART = "oci://public.ecr.aws/karpenter/karpenter"
@@ -153,6 +155,9 @@ def nodepool_spec(pool: AwsGpuPool, plan: NodePoolPlan, cilium_enabled: bool) ->
         "requirements": nodepool_requirements(pool, plan.capacity),
         "taints": [dict(GPU_TAINT)],
         "expireAfter": pool.expire_after,
+        # The drain budget's bound (components/serving/budget.py): past it Karpenter deletes a pod a
+        # PDB still protects, in time for its whole grace before a spot instance goes.
+        "terminationGracePeriod": go_duration(nodepool_termination_grace_s(plan.capacity, AWS_SPOT_NOTICE_S)),
     }
     if cilium_enabled:
         template_spec["startupTaints"] = [dict(CILIUM_STARTUP_TAINT)]

@@ -7,7 +7,8 @@ Metric names are the ones the pinned versions export:
 - the eBPF agent (bpf/agent/metrics.py): `ebpf_cuda_call_enqueue_seconds` histogram, label
   `call="cudaLaunchKernel"`, with the workload's `namespace`/`pod` labels;
 - the drain sidecar (runtime/drain.py): `gpuinfra_drain_in_progress{reason}`
-  (reason `spot`, `node` or `rollout`, read from the API by runtime/disruption.py).
+  (reason `spot`, `shutdown`, `pressure`, `preempted`, `node`, `rollout`, `restart` or `unknown`,
+  read from the API by runtime/disruption.py).
 """
 
 from __future__ import annotations
@@ -118,7 +119,7 @@ def alert_rules(m: ModelConfig, job: str, namespace: str, t: AlertThresholds,
             "The cloud is taking the node back (Karpenter's interruption queue on AWS, the "
             "kubelet's graceful node shutdown on GKE). The pod has left the Service endpoints and "
             "its preStop is finishing in-flight streams until the node's notice runs out (about "
-            "115 s on AWS, 10-100 s on GKE); streams still running then are cut. The Deployment "
+            "110 s on AWS, 15 or 105 s on GKE); streams still running then are cut. The Deployment "
             "schedules a replacement on spot or the on-demand fallback, which is not ready before "
             "the model loads (see the startup budget), so the other replicas and the economy tier "
             "carry the load meanwhile.",

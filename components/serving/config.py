@@ -8,7 +8,8 @@ from typing import Annotated, Literal, Optional
 
 from pydantic import Field, StringConstraints, field_validator, model_validator
 
-from components.config_types import SPOT_NOTICE_MARGIN_S, Base, Name, Port, image_unpinned
+from components.config_types import Base, Name, Port, image_unpinned
+from components.serving.budget import ENDPOINT_PROPAGATION_S, DrainBudget, drain_budget, notice_lead_s
 
 
 Quantization = Literal["fp8", "awq", "awq_marlin", "gptq", "gptq_marlin", "compressed-tensors"]
@@ -76,8 +77,6 @@ class VllmEngine(Base):
     """`--block-size`; vLLM's default when unset."""
     enable_prefix_caching: bool = True
     """`--enable-prefix-caching` / `--no-enable-prefix-caching`."""
-    shutdown_timeout_s: Optional[int] = Field(None, ge=0, le=3600)
-    """Default: the model's `drain.max_request_s`."""
     port: Port = 8000
     """`--port` of the OpenAI-compatible server and /metrics."""
     image: str = VLLM_IMAGE
@@ -128,18 +127,14 @@ class ModelCache(Base):
 
 class Drain(Base):
     max_request_s: int = Field(60, ge=1, le=3600)
-    """The longest stream a request is expected to take (p99.9)."""
-    prestop_timeout_s: Optional[int] = Field(None, ge=1, le=3600)
-    """Bound on the preStop wait for `vllm:num_requests_running == 0`. Default: max_request_s."""
-    spot_drain_budget_s: Optional[int] = Field(None, ge=1, le=600)
-    """Seconds the spot drain may take. Default: the cloud's notice minus a 5 s margin."""
-    termination_buffer_s: int = Field(10, ge=0, le=300)
-    """Seconds added to preStop + shutdown for the grace period."""
-    readiness_settle_s: int = Field(5, ge=0, le=60)
+    """The longest stream a request is expected to take (p99.9). With the queue and the pool's
+    notice it sets the whole drain budget (components/serving/budget.py): the preStop wait,
+    `--shutdown-timeout`, `terminationGracePeriodSeconds`; a spot pool rejects one that cannot
+    drain before the notice ends."""
+    readiness_settle_s: int = Field(5, ge=ENDPOINT_PROPAGATION_S, le=60)
     """Time after readiness fails for endpoint removal to reach every proxy, before `running == 0`
-    is trusted; part of (not added to) prestop_timeout_s and the spot drain budget."""
-    termination_grace_period_s: Optional[int] = Field(None, ge=1, le=7200)
-    """Default: prestop_timeout_s + shutdown_timeout_s + termination_buffer_s."""
+    is trusted; at least the measured readiness -> EndpointSlice -> router delay (4 s). Requests
+    admitted during it are part of the drain budget."""
 
 
 class Autoscaling(Base):
@@ -230,35 +225,9 @@ class ModelConfig(Base):
             return self.resources.shm_size_gib
         return 4 * self.engine.tensor_parallel_size if self.engine.tensor_parallel_size > 1 else 2
 
-    @property
-    def shutdown_timeout_s(self) -> int:
-        e = self.engine.shutdown_timeout_s
-        return self.drain.max_request_s if e is None else e
-
-    @property
-    def prestop_timeout_s(self) -> int:
-        p = self.drain.prestop_timeout_s
-        return self.drain.max_request_s if p is None else p
-
-    @property
-    def min_termination_grace_period_s(self) -> int:
-        """preStop wait + vLLM shutdown timeout + buffer: the least grace that drains a pod."""
-        return self.prestop_timeout_s + self.shutdown_timeout_s + self.drain.termination_buffer_s
-
-    @property
-    def termination_grace_period_s(self) -> int:
-        t = self.drain.termination_grace_period_s
-        return self.min_termination_grace_period_s if t is None else t
-
     @model_validator(mode="after")
     def _model_rules(self):
         e = self.engine
-        floor = self.min_termination_grace_period_s
-        if self.termination_grace_period_s < floor:
-            raise ValueError(
-                f"drain.termination_grace_period_s: {self.termination_grace_period_s} must be >= "
-                f"prestop_timeout_s + shutdown_timeout_s + termination_buffer_s = {floor}"
-            )
         if e.tensor_parallel_size > 1 and self.shm_size_gib < 2 * e.tensor_parallel_size:
             raise ValueError(
                 f"resources.shm_size_gib: {self.shm_size_gib} is too small for tensor_parallel_size "
@@ -271,11 +240,6 @@ class ModelConfig(Base):
             )
         if self.overflow_to is not None and self.tier != "primary":
             raise ValueError("overflow_to: only allowed on a primary-tier model")
-        if self.drain.readiness_settle_s >= self.prestop_timeout_s:
-            raise ValueError(
-                f"drain.readiness_settle_s: {self.drain.readiness_settle_s} must be shorter than "
-                f"drain.prestop_timeout_s ({self.prestop_timeout_s})"
-            )
         if self.autoscaling.enabled and self.autoscaling.mode == "hpa":
             for i, p in enumerate(self.placements):
                 if p.min_replicas < 1:
@@ -295,24 +259,18 @@ class ModelConfig(Base):
         return self
 
 
-def worst_drain_s(m: ModelConfig) -> int:
-    """The longest a drain can need: the last queued request waits ceil(queued / slots) rounds
-    of `max_request_s` for a slot, then streams for `max_request_s` itself."""
-    e = m.engine
-    rounds = math.ceil(e.max_queued_requests / e.max_num_seqs)
-    return (1 + rounds) * m.drain.max_request_s
-
-
 def replica_capacity(m: ModelConfig) -> int:
     """Requests in flight (running + waiting) one replica is scaled to carry."""
     return max(1, math.floor(m.engine.max_num_seqs * m.autoscaling.target_utilization))
 
 
-def spot_drain_budget_s(m: ModelConfig, spot_notice_s: int) -> int:
-    """The seconds a spot drain may take for `m` on a cluster with `spot_notice_s`."""
-    if m.drain.spot_drain_budget_s is not None:
-        return m.drain.spot_drain_budget_s
-    return max(spot_notice_s - SPOT_NOTICE_MARGIN_S, 0)
+def model_budget(m: ModelConfig, capacity: str, notice_s: int, cloud: Optional[str]) -> DrainBudget:
+    """`m`'s drain budget on a pool of `capacity` in a cluster whose pods get `notice_s` on a spot
+    reclaim (budget.drain_budget; an on-demand pool has no notice)."""
+    notice = notice_s if capacity == "spot" else 0
+    e = m.engine
+    return drain_budget(notice, notice_lead_s(cloud), m.drain.readiness_settle_s, m.drain.max_request_s,
+                        e.max_queued_requests, e.max_num_seqs)
 
 
 def agent_port(m: ModelConfig) -> int:

@@ -110,7 +110,13 @@ def service_monitor_spec(m: ModelConfig) -> dict[str, Any]:
 
 
 def pdb_spec(m: ModelConfig) -> dict[str, Any]:
-    # maxUnavailable 1 never blocks a node drain forever; AlwaysAllow lets a broken pod be evicted.
+    """One replica at a time for voluntary disruption (consolidation picks only nodes whose pods
+    the PDBs let go; drift and expiry respect it until the NodePool's terminationGracePeriod);
+    AlwaysAllow lets a NotReady pod be evicted. It can refuse a spot reclaim's eviction (another
+    replica starting or draining leaves 0 disruptions: kubernetes pkg/controller/disruption
+    `countHealthyPods`), so every NodePool's terminationGracePeriod ends Karpenter's wait in time
+    for the pod's whole grace (components/serving/budget.py `nodepool_termination_grace_s`); GKE's
+    graceful node shutdown never asks the Eviction API."""
     return {"maxUnavailable": 1, "selector": {"matchLabels": selector_labels(m)}, "unhealthyPodEvictionPolicy": "AlwaysAllow"}
 
 

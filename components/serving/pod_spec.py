@@ -14,16 +14,16 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from components.platform.cluster_handle import CAPACITY_LABEL, POOL_LABEL, GpuPoolInfo, node_selector_term
-from components.serving.config import ModelConfig, Placement, agent_port, spot_drain_budget_s
+from components.serving.budget import IDLE_SAMPLES, POLL_INTERVAL_S, PROBE_PERIOD_S, DrainBudget
+from components.serving.config import ModelConfig, Placement, agent_port, model_budget
 from components.serving.spread import topology_spread
 from components.serving.vllm_args import VLLM_COMMAND, vllm_args
 
 IMAGE_RUNTIME_DIR = "/opt/gpuinfra/runtime"
 """Where runtime/Dockerfile puts the runtime code in the image."""
-HOOK_FILES = ("drain.py", "deadline_http.py", "disruption.py", "agent_check.py")
-"""What the vLLM container's preStop runs (stdlib only, in the vLLM image's python3; agent_check's
-one optional import is not needed there): the drain sidecar copies them from its image into the
-drain volume (HOOK_DIR) when it starts."""
+HOOK_FILES = ("drain.py", "deadline_http.py", "disruption.py")
+"""What the vLLM container's preStop runs (stdlib only, in the vLLM image's python3): the drain
+sidecar copies them from its image into the drain volume (HOOK_DIR) when it starts."""
 
 GPU_RESOURCE = "nvidia.com/gpu"
 HF_TOKEN_KEY = "HF_TOKEN"
@@ -44,8 +44,6 @@ SIDECAR_CPU = "100m"
 SIDECAR_MEMORY = "64Mi"
 SA_MOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
 TOKEN_EXPIRY_S = 3600
-IDLE_SAMPLES = 3
-"""Consecutive `running + waiting == 0` scrapes before the drain trusts that vLLM is empty."""
 CLASSIFY_WINDOW_S = 30
 """How long after a drain starts the sidecar keeps re-reading the API for its reason."""
 
@@ -136,8 +134,11 @@ def startup_probe_timing(m: ModelConfig, pool: GpuPoolInfo) -> ProbeTiming:
     return ProbeTiming(period, math.ceil(startup_budget_s(m, pool) / period))
 
 
-spot_drain_budget = spot_drain_budget_s
-"""Seconds a spot drain may take: the rule the config validator checks."""
+LIVENESS_KILL_GRACE_S = 15
+"""Probe-level `terminationGracePeriodSeconds` of a liveness kill (used instead of the pod's,
+kubernetes.io pod-lifecycle docs): the kubelet runs the preStop on every container kill
+(pkg/kubelet/kuberuntime/kuberuntime_container.go `killContainer`), and a vLLM that stopped
+answering cannot be drained, so its hook is cut here, not after the whole drain budget."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -192,7 +193,7 @@ def _drain_env(m: ModelConfig) -> list[dict[str, Any]]:
         {"name": "DRAIN_FLAG", "value": DRAIN_FLAG},
         {"name": "VLLM_METRICS_URL", "value": f"http://127.0.0.1:{m.engine.port}/metrics"},
         {"name": "SETTLE_S", "value": str(m.drain.readiness_settle_s)},
-        {"name": "POLL_INTERVAL_S", "value": "1"},
+        {"name": "POLL_INTERVAL_S", "value": str(POLL_INTERVAL_S)},
         {"name": "HTTP_TIMEOUT_S", "value": "2"},
         {"name": "IDLE_SAMPLES", "value": str(IDLE_SAMPLES)},
     ]
@@ -213,7 +214,7 @@ def _restricted(run_as_root: bool = False) -> dict[str, Any]:
     return sc
 
 
-def vllm_container(m: ModelConfig, pool: GpuPoolInfo, hf_secret: Optional[str]) -> dict[str, Any]:
+def vllm_container(m: ModelConfig, pool: GpuPoolInfo, hf_secret: Optional[str], b: DrainBudget) -> dict[str, Any]:
     e = m.engine
     gpus = str(e.gpus_per_replica)
     res = {"cpu": str(m.resources.cpu), "memory": f"{m.resources.memory_gib}Gi", GPU_RESOURCE: gpus}
@@ -226,14 +227,14 @@ def vllm_container(m: ModelConfig, pool: GpuPoolInfo, hf_secret: Optional[str]) 
         env.append(
             {"name": HF_TOKEN_KEY, "valueFrom": {"secretKeyRef": {"name": hf_secret, "key": HF_TOKEN_KEY}}}
         )
-    env += _drain_env(m) + [{"name": "PRESTOP_TIMEOUT_S", "value": str(m.prestop_timeout_s)}]
+    env += _drain_env(m) + [{"name": "PRESTOP_TIMEOUT_S", "value": str(b.prestop_s)}]
     st = startup_probe_timing(m, pool)
     return {
         "name": "vllm",
         "image": e.image,
         "imagePullPolicy": "IfNotPresent",
         "command": list(VLLM_COMMAND),
-        "args": vllm_args(m),
+        "args": vllm_args(m, shutdown_timeout_s=b.shutdown_s),
         "ports": [{"name": HTTP_PORT_NAME, "containerPort": e.port, "protocol": "TCP"}],
         "env": env,
         "resources": {"requests": dict(res), "limits": dict(res)},
@@ -266,6 +267,7 @@ def vllm_container(m: ModelConfig, pool: GpuPoolInfo, hf_secret: Optional[str]) 
             "periodSeconds": 15,
             "timeoutSeconds": 5,
             "failureThreshold": 4,
+            "terminationGracePeriodSeconds": LIVENESS_KILL_GRACE_S,
         },
         "lifecycle": {"preStop": {"exec": {"command": ["python3", f"{HOOK_DIR}/drain.py", "prestop"]}}},
         "securityContext": _restricted(run_as_root=True),
@@ -316,7 +318,7 @@ def drain_sidecar(m: ModelConfig, runtime_image: Any) -> dict[str, Any]:
         # The readiness gate the drain flips: the pod leaves the endpoints within ~1 s.
         "readinessProbe": {
             "httpGet": {"path": "/ready", "port": DRAIN_PORT_NAME},
-            "periodSeconds": 1,
+            "periodSeconds": PROBE_PERIOD_S,
             "timeoutSeconds": 1,
             "successThreshold": 1,
             "failureThreshold": 1,
@@ -358,11 +360,12 @@ def pod_spec(
     runtime_image: Any,
 ) -> dict[str, Any]:
     """`runtime_image`: the runtime image by digest (a change of its code rolls the pods)."""
+    b = model_budget(m, pool.capacity, spot_notice_s, cloud)
     init = [drain_sidecar(m, runtime_image)]
     if m.cache.prewarm:
         init.append(prewarm_container(m, runtime_image))
     return {
-        "terminationGracePeriodSeconds": m.termination_grace_period_s,
+        "terminationGracePeriodSeconds": b.grace_s,
         "serviceAccountName": drain_service_account_name(name),
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
@@ -370,7 +373,7 @@ def pod_spec(
         "affinity": node_affinity(pool),
         "tolerations": [dict(t) for t in pool.tolerations],
         "initContainers": init,
-        "containers": [vllm_container(m, pool, hf_secret)],
+        "containers": [vllm_container(m, pool, hf_secret, b)],
         "volumes": volumes(m, name, pool.cache_host_path),
     }
 
@@ -399,7 +402,7 @@ def deployment_spec(
                 "labels": object_labels(m, labels),
                 "annotations": {
                     # the preStop drain budget, for policy checks of terminationGracePeriodSeconds
-                    PRESTOP_ANNOTATION: str(m.prestop_timeout_s),
+                    PRESTOP_ANNOTATION: str(model_budget(m, pool.capacity, spot_notice_s, cloud).prestop_s),
                 },
             },
             "spec": {**pod_spec(m, name, pool, cloud, spot_notice_s, hf_secret, runtime_image),

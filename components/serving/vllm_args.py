@@ -15,7 +15,7 @@ source (the PyPI wheel, extracted into tests/data/vllm/v<version>.json).
 
 from __future__ import annotations
 
-from components.serving.config import ModelConfig
+from components.serving.config import ModelConfig, model_budget
 
 VLLM_COMMAND = ["vllm", "serve"]
 HOST = "0.0.0.0"
@@ -50,8 +50,10 @@ def _toggle(name: str, on: bool) -> str:
     return f"--{name}" if on else f"--no-{name}"
 
 
-def vllm_args(m: ModelConfig, download_dir: str | None = None) -> list[str]:
-    """`args` for the vLLM container (after `command: [vllm, serve]`)."""
+def vllm_args(m: ModelConfig, download_dir: str | None = None, shutdown_timeout_s: int | None = None) -> list[str]:
+    """`args` for the vLLM container (after `command: [vllm, serve]`). `--shutdown-timeout` comes
+    from the placement's drain budget (components/serving/budget.py); without one, from the budget
+    of a pool with no notice."""
     e = m.engine
     args = [
         m.model,
@@ -73,7 +75,9 @@ def vllm_args(m: ModelConfig, download_dir: str | None = None) -> list[str]:
     if e.block_size is not None:
         args += ["--block-size", str(e.block_size)]
     args.append(_toggle("enable-prefix-caching", e.enable_prefix_caching))
-    args += ["--shutdown-timeout", str(m.shutdown_timeout_s)]
+    if shutdown_timeout_s is None:
+        shutdown_timeout_s = model_budget(m, "on-demand", 0, None).shutdown_s
+    args += ["--shutdown-timeout", str(shutdown_timeout_s)]
     if download_dir is not None:
         args += ["--download-dir", download_dir]
     return args

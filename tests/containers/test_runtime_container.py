@@ -109,12 +109,14 @@ def test_sidecar_and_prestop_hook_drain_over_the_shared_volume(dev_run, built_im
         while time.monotonic() < deadline:
             status = http(side, drain_port, "/ready")[0]
             metrics = http(side, drain_port, "/metrics")[1]
-            if status == 503 and any(l.startswith("gpuinfra_drain_in_progress{") and l.endswith(" 1") for l in metrics.splitlines()):
+            if status == 503 and any(l.startswith("gpuinfra_drain_in_progress{") and float(l.rsplit(" ", 1)[1]) == 1
+                                     for l in metrics.splitlines()):
                 break
             time.sleep(0.5)
         assert status == 503, "the drain flag must fail the sidecar's readiness"
         assert agent_reply(side, agent_port) == "drain", "the same flag tells every router `drain`"
-        lines = [l for l in metrics.splitlines() if l.startswith("gpuinfra_drain_in_progress{") and l.endswith(" 1")]
+        lines = [l for l in metrics.splitlines()
+                 if l.startswith("gpuinfra_drain_in_progress{") and float(l.rsplit(" ", 1)[1]) == 1]
         assert len(lines) == 1 and 'reason="' in lines[0], metrics
         flag = next(e["value"] for e in vllm["env"] if e["name"] == "DRAIN_FLAG")
         assert (drain_tmpfs / flag.rsplit("/", 1)[1]).exists(), "the hook writes the flag into the shared volume"

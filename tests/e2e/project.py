@@ -15,8 +15,6 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from components.config_types import AWS_SPOT_NOTICE_S, GKE_DEFAULT_SPOT_NOTICE_S
-from components.gcp.config import pod_shutdown_grace_s
 from components.serving.alerts import CUDA_METRIC, DRAIN_METRIC  # noqa: F401 - re-exported for the tests
 from components.serving.vllm_args import HOST, parse_args
 from tools.offline import ROOT, run_program, stack_config
@@ -25,9 +23,6 @@ DRAIN_PY = ROOT / "runtime" / "drain.py"
 BPF_DIR = ROOT / "bpf"
 E2E_STACK = "dev"
 """The stack whose model the tier serves: one 8B model on one GPU, whose flags all exist on CPU."""
-
-AWS_NOTICE_S = AWS_SPOT_NOTICE_S
-GKE_POD_SHUTDOWN_GRACE_S = pod_shutdown_grace_s(GKE_DEFAULT_SPOT_NOTICE_S)
 
 
 @dataclass(frozen=True)
@@ -72,7 +67,7 @@ are all admitted (and some of them wait)."""
 def e2e_config(stack: str = E2E_STACK) -> dict[str, Any]:
     """`stack`'s config with its GPU pools on-demand and the first model's waiting queue at
     E2E_QUEUED_REQUESTS. As committed, the dev model sits on a spot pool with no waiting queue: a
-    queued request would outlast the spot notice (components/stack_config.py, worst_drain_s), so
+    queued request would outlast the spot notice (components/serving/budget.py), so
     vLLM refuses what its 64 slots cannot take (`--max-num-queued-reqs`). The drain and queue tests
     need 200+ requests admitted at once, which only an on-demand placement may queue. Every flag
     is still rendered by the program; only these two config values differ."""
@@ -88,7 +83,15 @@ def e2e_config(stack: str = E2E_STACK) -> dict[str, Any]:
 @lru_cache(maxsize=None)
 def rendered_model(stack: str = E2E_STACK) -> RenderedModel:
     """The first model of `stack` (in its e2e variant, `e2e_config`), as the real program renders it."""
-    run = run_program(stack, config=e2e_config(stack))
+    return _model(run_program(stack, config=e2e_config(stack)))
+
+
+def _deployment(run) -> Any:
+    return next(r for r in run.by_type("kubernetes:apps/v1:Deployment")
+                if any(c["name"] == "vllm" for c in r.inputs["spec"]["template"]["spec"]["containers"]))
+
+
+def _model(run) -> RenderedModel:
     dep = next(r for r in run.by_type("kubernetes:apps/v1:Deployment")
                if any(c["name"] == "vllm" for c in r.inputs["spec"]["template"]["spec"]["containers"]))
     pod = dep.inputs["spec"]["template"]["spec"]
@@ -117,6 +120,71 @@ def rendered_model(stack: str = E2E_STACK) -> RenderedModel:
         keda_queries=[t["metadata"]["query"] for t in scaled.inputs["spec"]["triggers"]],
         dashboard_exprs=[t["expr"] for p in board["panels"] for t in p["targets"]],
         flags=parse_args(list(vllm["args"])),
+    )
+
+
+SPOT_QUEUED_REQUESTS = 64
+SPOT_MAX_REQUEST_S = 30
+"""The lifecycle test's variant of the committed dev stack (AWS spot): one round of queue behind the
+64 slots, with streams of at most 30 s so that the queue fits the spot notice (the drain budget,
+components/serving/budget.py, rejects the committed 60 s with a queue)."""
+
+
+def spot_config(stack: str = E2E_STACK) -> dict[str, Any]:
+    cfg = json.loads(json.dumps(stack_config(stack)))
+    model = cfg["gpu-inference-platform:models"][0]
+    model.setdefault("engine", {})["max_queued_requests"] = SPOT_QUEUED_REQUESTS
+    model.setdefault("drain", {})["max_request_s"] = SPOT_MAX_REQUEST_S
+    return cfg
+
+
+@dataclass(frozen=True)
+class RenderedPod:
+    """What the kubelet, Karpenter and the PDB see of one replica: the rendered objects."""
+
+    model: RenderedModel
+    grace_s: int
+    """terminationGracePeriodSeconds."""
+    prestop: list[str]
+    """The vLLM container's preStop exec command."""
+    liveness_grace_s: int
+    """The liveness probe's own terminationGracePeriodSeconds."""
+    vllm_user: tuple[int, int]
+    """(uid, gid) the vLLM container runs as: its runAsUser/runAsGroup, else the image's root."""
+    sidecar_user: tuple[int, int]
+    drain_volume: dict[str, Any]
+    pdb: dict[str, Any]
+    nodepool_grace_s: int
+    """The spot NodePool's terminationGracePeriod, in seconds."""
+
+
+@lru_cache(maxsize=None)
+def rendered_spot_pod(stack: str = E2E_STACK) -> RenderedPod:
+    """The first model of `stack` on its spot pool (`spot_config`), pod, PDB and NodePool."""
+    run = run_program(stack, config=spot_config(stack))
+    dep = _deployment(run)
+    pod = dep.inputs["spec"]["template"]["spec"]
+    vllm = next(c for c in pod["containers"] if c["name"] == "vllm")
+    side = next(c for c in pod["initContainers"] if c["name"] == "spot-drain")
+    ns = dep.inputs["metadata"]["namespace"]
+    pdb = next(r for r in run.by_type("kubernetes:policy/v1:PodDisruptionBudget") if r.inputs["metadata"]["namespace"] == ns)
+    pools = [r for r in run.by_type("kubernetes:karpenter.sh/v1:NodePool")
+             if {"key": "karpenter.sh/capacity-type", "operator": "In", "values": ["spot"]}
+             in r.inputs["spec"]["template"]["spec"]["requirements"]]
+    grace = pools[0].inputs["spec"]["template"]["spec"]["terminationGracePeriod"]
+    assert re.fullmatch(r"[0-9]+s", grace), grace
+
+    def user(c: dict[str, Any]) -> tuple[int, int]:
+        sc = c.get("securityContext", {})
+        return int(sc.get("runAsUser", 0)), int(sc.get("runAsGroup", sc.get("runAsUser", 0)))
+
+    return RenderedPod(
+        model=_model(run), grace_s=int(pod["terminationGracePeriodSeconds"]),
+        prestop=list(vllm["lifecycle"]["preStop"]["exec"]["command"]),
+        liveness_grace_s=int(vllm["livenessProbe"]["terminationGracePeriodSeconds"]),
+        vllm_user=user(vllm), sidecar_user=user(side),
+        drain_volume=next(v for v in pod["volumes"] if v["name"] == "drain"),
+        pdb=dict(pdb.inputs["spec"]), nodepool_grace_s=int(grace[:-1]),
     )
 
 

@@ -1,55 +1,65 @@
-"""The project's drain against the real vLLM: ≥200 concurrent streams, the rendered preStop
-(components/runtime/drain.py with the rendered env), then SIGTERM to the API server (the
-container's PID 1, as the kubelet's runtime sends it) under the rendered `--shutdown-timeout`.
+"""A replica through its whole life, with the real mechanisms: the real vLLM CPU server with the
+rendered arguments, the rendered preStop and the drain sidecar as processes running as the
+rendered users (setpriv: the vLLM container's root, the sidecar's 65534), the drain flag on a real
+tmpfs mounted like a Memory emptyDir (mode 1777), and the kubelet's sequence for each way a
+container ends (kubernetes.io/docs/concepts/workloads/pods/pod-lifecycle/#pod-termination: preStop,
+then SIGTERM to the container's PID 1, SIGKILL at the end of the grace). Only the cluster around
+the node is played (tests/e2e/kube.py): the API the sidecar reads, the PDB as the Eviction API
+applies it, Karpenter's drain.
 
-How each path reaches the pod (so each is the same kubelet sequence with its own grace period):
-- rollout / eviction: preStop, then SIGTERM, within `terminationGracePeriodSeconds`
-  (kubernetes.io/docs/concepts/workloads/pods/pod-lifecycle/#pod-termination);
-- AWS spot: Karpenter's interruption controller cordons and drains the node on the EventBridge
-  notice, evicting the pod through the same path; the instance goes 120 s after the notice
-  (karpenter.sh/docs/concepts/disruption/#interruption), so the grace is min(TGPS, 120 s);
-- GKE spot: the kubelet's graceful node shutdown terminates the pod the same way with
-  shutdownGracePeriod - shutdownGracePeriodCriticalPods (30 - 15 = 15 s on default spot nodes;
-  cloud.google.com/kubernetes-engine/docs/concepts/spot-vms#termination).
-The pod's metadata notices are not used on either cloud (docs/serving.md), so the sidecar runs
-with no provider: its role here is the readiness gate the preStop flips.
+(a) rollout: the Deployment deletes the pod with the queue full; stragglers that a stale proxy
+    sends after the preStop finish within `--shutdown-timeout`; late requests get no token;
+(d) a liveness-probe kill: the kubelet runs the preStop (with the probe's own grace) and restarts
+    the container in the same pod, beside the same flag; the new vLLM must come back Ready;
+(b) spot: Karpenter's interruption, the queue full, while
+(c) another replica is NotReady, so the PDB refuses the eviction (429) until Karpenter's
+    NodePool terminationGracePeriod forces the pod out with its whole grace still ahead;
+(e) meanwhile the API server is slow, then refuses events: the drain does not depend on it, the
+    reason arrives when it answers, and each failed call is counted.
+Streams cut: 0 in (a) and (b); the reason metric: `rollout`, `restart`, `spot`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
+from components.serving.budget import VLLM_EXIT_S
 from tests.e2e import engines, sse
-from tests.e2e.project import AWS_NOTICE_S, DRAIN_PY, GKE_POD_SHUTDOWN_GRACE_S, local_args
+from tests.e2e.kube import NAMESPACE, NODE, FakeApi, KarpenterDrain
+from tests.e2e.project import DRAIN_PY, RenderedPod, local_args, rendered_spot_pod
 
-STREAMS = 200
 STRAGGLERS = 16
 LATE = 8
 KUBELET_PRESTOP_EXTENSION_S = 2
 """The one-off extra grace the kubelet grants when preStop overruns (pod-lifecycle docs)."""
 
 
-def grace_for(path: str, tgps: int) -> int:
-    """A rollout's eviction and Karpenter's spot drain are one kubelet sequence; they differ only
-    in the grace (TGPS vs min(TGPS, 120 s)), which the sized work below never reaches, so one run
-    covers both with the smaller of the two."""
-    return {"eviction": min(tgps, AWS_NOTICE_S), "gke-spot": min(tgps, GKE_POD_SHUTDOWN_GRACE_S)}[path]
+def _skip_reason() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root: the flag's tmpfs and the rendered users (setpriv)"
+    if not shutil.which("setpriv") or not shutil.which("mount"):
+        return "needs setpriv and mount (util-linux)"
+    return None
 
 
-async def _throughput(srv, served: str) -> float:
-    """Generated tokens per second with 200 streams on this machine right now."""
+async def _throughput(srv, served: str, n: int) -> float:
+    """Generated tokens per second with `n` streams on this machine right now."""
     t = time.monotonic()
-    r = await sse.many(srv.host, srv.port, served, STREAMS, 16, timeout=120)
+    r = await sse.many(srv.host, srv.port, served, n, 16, timeout=120)
     assert {s.outcome for s in r} == {"complete"}, Counter(s.outcome for s in r)
-    return STREAMS * 16 / (time.monotonic() - t)
+    return n * 16 / (time.monotonic() - t)
 
 
 async def _ready(url: str) -> int:
@@ -75,26 +85,258 @@ def _watch_ready(url: str, t0: float, out: dict, stop: threading.Event) -> None:
         time.sleep(0.05)
 
 
-@pytest.mark.parametrize("path", ["eviction", "gke-spot"])
-def test_drain_cuts_no_stream(path, tiny, model, tmp_path):
-    grace = grace_for(path, model.termination_grace_period_s)
-    settle = float(model.vllm_env["SETTLE_S"])
-    port, ready_port = engines.free_port(), engines.free_port()
-    srv = engines.start_vllm(local_args(model, tiny, "127.0.0.1", port), "127.0.0.1", port, tmp_path / "vllm.log")
-    flag = tmp_path / "drain" / "draining"
-    env = {**os.environ, **model.vllm_env, **model.sidecar_env, "SPOT_PROVIDERS": "", "DRAIN_FLAG": str(flag),
-           "VLLM_METRICS_URL": f"http://127.0.0.1:{port}/metrics", "READY_ADDR": "127.0.0.1",
-           "READY_PORT": str(ready_port)}
-    sidecar = subprocess.Popen([sys.executable, str(DRAIN_PY), "watch"], env=env, start_new_session=True,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    ready_url = f"http://127.0.0.1:{ready_port}/ready"
-    try:
-        result = sse.run(_scenario(srv, model, env, grace, settle, ready_url))
-    finally:
-        sidecar.kill()
-        sidecar.wait(10)
-        srv.kill()
-    streams, stragglers, late, r = result
+class Replica:
+    """One pod on the node: the drain emptyDir (a real tmpfs, 1777), the sidecar as its user, and
+    the vLLM container, which the kubelet may restart in place."""
+
+    def __init__(self, name: str, rp: RenderedPod, api: FakeApi, tiny: str, root: Path) -> None:
+        self.name, self.rp, self.api, self.tiny = name, rp, api, tiny
+        self.dir = root / name
+        self.flag_dir = self.dir / "drain"
+        self.flag_dir.mkdir(parents=True)
+        self.dir.chmod(0o755)
+        size = rp.drain_volume["emptyDir"]["sizeLimit"].replace("Mi", "m")
+        subprocess.run(["mount", "-t", "tmpfs", "-o", f"mode=1777,size={size}", "tmpfs", str(self.flag_dir)], check=True)
+        token = self.dir / "token"
+        token.write_text("sidecar-token\n")
+        token.chmod(0o644)
+        self.port, self.ready_port = engines.free_port(), engines.free_port()
+        m = rp.model
+        common = {"DRAIN_FLAG": str(self.flag_dir / "draining"), "VLLM_METRICS_URL": f"http://127.0.0.1:{self.port}/metrics"}
+        self.hook_env = {**os.environ, **m.vllm_env, **common}
+        self.sidecar_env = {**{k: v for k, v in os.environ.items() if k in ("PATH", "LANG")}, **m.sidecar_env, **common,
+                            "READY_ADDR": "127.0.0.1", "READY_PORT": str(self.ready_port), "KUBE_API": api.url,
+                            "KUBE_TOKEN_PATH": str(token), "KUBE_CA_PATH": "", "POD_NAME": name,
+                            "POD_NAMESPACE": NAMESPACE, "NODE_NAME": NODE}
+        self.ready_url = f"http://127.0.0.1:{self.ready_port}/ready"
+        self.metrics_url = f"http://127.0.0.1:{self.ready_port}/metrics"
+        self.sidecar = subprocess.Popen(self._as(rp.sidecar_user) + [sys.executable, str(DRAIN_PY), "watch"],
+                                        env=self.sidecar_env, start_new_session=True,
+                                        stdout=open(self.dir / "sidecar.log", "wb"), stderr=subprocess.STDOUT)
+        self.srv = None
+        self.starts = 0
+        self.start_container()
+
+    @staticmethod
+    def _as(user: tuple[int, int]) -> list[str]:
+        return ["setpriv", f"--reuid={user[0]}", f"--regid={user[1]}", "--clear-groups", "--"]
+
+    def start_container(self) -> None:
+        self.starts += 1
+        self.srv = engines.start_vllm(local_args(self.rp.model, self.tiny, "127.0.0.1", self.port), "127.0.0.1",
+                                      self.port, self.dir / f"vllm-{self.starts}.log")
+
+    def prestop_cmd(self) -> list[str]:
+        cmd = list(self.rp.prestop)
+        assert cmd[0] == "python3" and cmd[1].endswith("/drain.py"), cmd
+        return self._as(self.rp.vllm_user) + [sys.executable, str(DRAIN_PY), *cmd[2:]]
+
+    def ready(self) -> int:
+        try:
+            return engines.http_get(self.ready_url, 1)[0]
+        except OSError:
+            return 0
+
+    def sidecar_metrics(self) -> str:
+        try:
+            return engines.http_get(self.metrics_url, 1)[1].decode()
+        except OSError:
+            return ""
+
+    def reason(self) -> str | None:
+        for line in self.sidecar_metrics().splitlines():
+            if line.startswith("gpuinfra_drain_in_progress{") and line.endswith(" 1.0"):
+                reason = line.split('reason="', 1)[1].split('"', 1)[0]
+                return None if reason == "unknown" else reason
+        return None
+
+    def api_errors(self) -> dict[str, float]:
+        out = {}
+        for line in self.sidecar_metrics().splitlines():
+            if line.startswith("gpuinfra_drain_api_errors_total{"):
+                out[line.split('call="', 1)[1].split('"', 1)[0]] = float(line.rsplit(" ", 1)[1])
+        return out
+
+    def kill_container(self, grace_s: float) -> dict:
+        """The kubelet's container kill: preStop within the grace, SIGTERM, SIGKILL at its end."""
+        r: dict = {}
+        t0 = time.monotonic()
+        hook = subprocess.Popen(self.prestop_cmd(), env=self.hook_env, start_new_session=True,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            r["prestop_rc"] = hook.wait(grace_s)
+        except subprocess.TimeoutExpired:  # the kubelet stops waiting at the grace
+            os.killpg(hook.pid, 9)
+            hook.wait(5)
+            r["prestop_rc"] = "cut at the grace"
+        r["prestop_s"] = time.monotonic() - t0
+        t1 = time.monotonic()
+        self.srv.sigterm()
+        rc = self.srv.wait_exit(max(grace_s - (t1 - t0), 0) + KUBELET_PRESTOP_EXTENSION_S)
+        r["exit_rc"], r["exit_s"] = rc, time.monotonic() - t1
+        if rc is None:
+            self.srv.kill()
+        return r
+
+    def close(self) -> None:
+        if self.srv is not None:
+            self.srv.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.sidecar.pid, 9)
+        self.sidecar.wait(10)
+        subprocess.run(["umount", "-l", str(self.flag_dir)], check=False)
+
+    def log_tail(self) -> str:
+        return (self.dir / "sidecar.log").read_text(errors="replace")[-2000:]
+
+
+def _wait(pred, timeout: float, step: float = 0.1):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if (v := pred()):
+            return v
+        time.sleep(step)
+    return None
+
+
+@pytest.fixture(scope="module")
+def pod() -> RenderedPod:
+    return rendered_spot_pod()
+
+
+@pytest.fixture
+def cluster(pod, tiny):
+    reason = _skip_reason()
+    if reason:
+        pytest.skip(reason)
+    # Not pytest's tmp_path: its 0700 directories would keep the sidecar's user (65534) out.
+    root = Path(tempfile.mkdtemp(prefix="gpuinfra-lifecycle-"))
+    root.chmod(0o755)
+    api = FakeApi(pod.pdb, dict(pod.pdb["selector"]["matchLabels"]), replicas=2)
+    replicas: list[Replica] = []
+    yield api, replicas, root
+    for r in replicas:
+        r.close()
+    api.close()
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_replica_through_its_whole_life(pod, tiny, cluster):
+    api, replicas, root = cluster
+    m = pod.model
+    settle = float(m.vllm_env["SETTLE_S"])
+    cap = int(m.flags["--max-num-queued-reqs"])
+    assert pod.vllm_user == (0, 0) and pod.sidecar_user == (65534, 65534), "the users the pod renders"
+    assert pod.drain_volume["emptyDir"]["medium"] == "Memory"
+
+    # ---- (a) rollout, the queue full -------------------------------------------------------
+    api.add_pod("replica-1", ready=True)
+    api.add_pod("replica-2", ready=True)
+    one = Replica("replica-1", pod, api, tiny, root)
+    replicas.append(one)
+    assert _wait(lambda: one.ready() == 200, 10), one.log_tail()
+    api.delete("replica-1")  # the Deployment controller removes the old pod
+    streams, stragglers, late, r = sse.run(_scenario(one.srv, m, one.hook_env, pod.grace_s, settle, one.ready_url,
+                                                     cap, one.prestop_cmd(), lambda: one.reason()))
+    _assert_drained("rollout", m, settle, pod.grace_s, streams, stragglers, late, r, one.srv)
+    assert r["reason"] == "rollout", f"reason during the rollout: {r['reason']}\n{one.log_tail()}"
+    flag = one.flag_dir / "draining"
+    assert flag.stat().st_uid == 0 and flag.stat().st_mode & 0o777 == 0o644, "the hook's flag, readable by the sidecar"
+    assert (one.flag_dir.stat().st_mode & 0o7777) == 0o1777
+    one.sidecar.terminate()
+    assert one.sidecar.wait(5) == 0, "the sidecar exits promptly on SIGTERM"
+
+    # ---- (d) a liveness-probe kill and restart in the same pod -------------------------------
+    two = Replica("replica-2", pod, api, tiny, root)
+    replicas.append(two)
+    assert _wait(lambda: two.ready() == 200, 10), two.log_tail()
+    first_start = _start_time(two)
+    api.set_ready("replica-2", False)  # the container is being killed
+    seen: dict = {}
+    watcher = threading.Thread(target=lambda: seen.update(reason=_wait(two.reason, 20)), daemon=True)
+    watcher.start()
+    k = two.kill_container(pod.liveness_grace_s)
+    watcher.join(25)
+    # The probe's grace is short on purpose (a vLLM that stopped answering cannot be drained): the
+    # hook ends within it; an idle vLLM still tearing down its workers may then be SIGKILLed.
+    assert k["prestop_rc"] == 0 and k["prestop_s"] < pod.liveness_grace_s, k
+    assert two.ready() == 503 and seen.get("reason") == "restart", (two.ready(), seen, two.log_tail())
+    two.start_container()  # the kubelet restarts the container; the flag is still in the emptyDir
+    assert (two.flag_dir / "draining").exists()
+    assert _start_time(two) > first_start
+    assert _wait(lambda: two.ready() == 200, 5), f"the restarted container stayed NotReady\n{two.log_tail()}"
+    assert engines.http_get(f"{two.srv.url}/health", 2)[0] == 200
+    api.set_ready("replica-2", True)
+    assert _wait(lambda: two.reason() is None, 3), "a drain series after the restart"
+
+    # ---- (b) spot notice with the queue full, (c) another replica NotReady, (e) API slow ------
+    api.add_pod("replica-3", ready=False)  # the rollout's replacement, still starting
+    api.delay.update(pod=3.0, node=3.0, events=3.0)  # over the sidecar's 2 s deadline
+    spot = sse.run(_spot(two, api, pod, cap, settle))
+    streams, drain, r = spot
+    bad = [(s.outcome, s.error, s.raw[-200:]) for s in streams if s.outcome != "complete"]
+    assert not bad, f"spot: {len(bad)} of {len(streams)} streams cut: {bad[:3]}"
+    assert r["held_at_notice"] >= cap - 4, f"only {r['held_at_notice']} of {cap} requests held at the notice"
+    assert drain.refused, "the PDB never refused: (c) did not happen"
+    assert drain.how == "forced" and drain.at - drain.deleted_at <= pod.nodepool_grace_s - pod.grace_s + 1.5, drain
+    assert drain.grace_given_s >= pod.grace_s - 1, f"forced with {drain.grace_given_s} s of a {pod.grace_s} s grace"
+    assert r["kill"]["prestop_rc"] == 0 and r["kill"]["exit_rc"] == 0, r["kill"]
+    ended = r["ended_at"] - drain.deleted_at
+    assert ended <= pod.nodepool_grace_s, f"the pod ended {ended:.1f} s after the NodeClaim's deletion"
+    assert r["reason"] == "spot", f"reason during the spot drain: {r['reason']}\n{two.log_tail()}"
+    errors = r["api_errors"]
+    assert errors.get("pod", 0) >= 1 and errors.get("node", 0) >= 1, errors
+    assert errors.get("events", 0) >= 1, f"a 403 on events alone must show: {errors}"
+
+
+def _start_time(rep: Replica) -> float:
+    body = engines.http_get(f"{rep.srv.url}/metrics", 2)[1].decode()
+    return next(float(l.split()[1]) for l in body.splitlines() if l.startswith("process_start_time_seconds "))
+
+
+async def _spot(rep: Replica, api: FakeApi, pod: RenderedPod, cap: int, settle: float):
+    m = pod.model
+    r: dict = {}
+    tps = await _throughput(rep.srv, m.served_name, cap)
+    max_tokens = int(min(max(tps * (settle + 4) / cap, 16), 512))
+    tasks = [asyncio.ensure_future(sse.stream_completion(rep.srv.host, rep.srv.port, m.served_name, f"spot {i}",
+                                                         max_tokens, timeout=pod.grace_s + 30)) for i in range(cap)]
+    await asyncio.sleep(0.5)
+    r["held_at_notice"] = await asyncio.to_thread(_held, rep.srv)
+    api.spot_interruption()
+    drain = KarpenterDrain(api, rep.name, time.monotonic(), pod.nodepool_grace_s, pod.grace_s)
+
+    def kubelet(grace: float) -> None:
+        r["kill"] = rep.kill_container(grace)
+        r["ended_at"] = time.monotonic()
+
+    def api_recovers() -> None:
+        time.sleep(8)  # slow past the preStop's start (Karpenter forces the pod out ~5 s in)
+        api.delay.clear()
+        api.status["events"] = 403  # then events refused for a while
+        time.sleep(3)
+        api.status.clear()
+
+    threading.Thread(target=api_recovers, daemon=True).start()
+    seen: dict = {}
+
+    def reason_watch() -> None:
+        end = time.monotonic() + 60
+        while time.monotonic() < end and seen.get("reason") != "spot":
+            seen["reason"] = rep.reason() or seen.get("reason")
+            seen["errors"] = rep.api_errors() or seen.get("errors", {})
+            time.sleep(0.2)
+
+    watcher = threading.Thread(target=reason_watch, daemon=True)
+    watcher.start()
+    await asyncio.to_thread(drain.run, kubelet)
+    watcher.join(1)
+    r["reason"], r["api_errors"] = seen.get("reason"), seen.get("errors", {})
+    streams = await asyncio.gather(*tasks)
+    return list(streams), drain, r
+
+
+def _assert_drained(path, m, settle, grace, streams, stragglers, late, r, srv) -> None:
     bad = [(i, s.outcome, s.error, s.raw[-200:]) for i, s in enumerate(streams + stragglers) if s.outcome != "complete"]
     assert r["held_at_sigterm"] >= STRAGGLERS, f"{path}: only {r['held_at_sigterm']} requests in vLLM at SIGTERM"
     assert not bad, f"{path}: {len(bad)} of {len(streams) + len(stragglers)} streams not complete: {bad[:3]}"
@@ -103,7 +345,7 @@ def test_drain_cuts_no_stream(path, tiny, model, tmp_path):
     assert r["ready_before_prestop"] == 200
     # The pod must be out of the endpoints (readiness failed and seen by one probe period) before
     # the preStop's settle time ends and it starts trusting the queue metric.
-    assert r["not_ready_after_s"] is not None and r["not_ready_after_s"] + model.readiness_period_s < settle, \
+    assert r["not_ready_after_s"] is not None and r["not_ready_after_s"] + 1 < settle, \
         f"{path}: /ready still 200 {r['not_ready_after_s']} s into preStop (settle {settle} s)"
     assert r["prestop_rc"] == 0 and r["prestop_s"] < grace, f"{path}: preStop rc {r['prestop_rc']} took {r['prestop_s']:.1f}/{grace} s"
     assert r["prestop_s"] >= settle, "preStop returned before the settle time: proxies could still route here"
@@ -119,12 +361,16 @@ def test_drain_cuts_no_stream(path, tiny, model, tmp_path):
     outcomes = Counter((s.outcome, s.status) for s in late)
     assert set(o for o, _ in outcomes) <= {"refused", "rejected"}, f"{path}: late requests {outcomes}"
     assert all(not s.events and not s.token_times for s in late)
+    # The budget's exit time (components/serving/budget.py VLLM_EXIT_S) holds for the real vLLM
+    # once the last straggler is done.
+    assert r["exit_after_idle_s"] is not None and r["exit_after_idle_s"] <= VLLM_EXIT_S, \
+        f"{path}: vLLM took {r['exit_after_idle_s']} s to exit once idle (budget {VLLM_EXIT_S} s)"
 
 
-async def _scenario(srv, model, env, grace, settle, ready_url):
+async def _scenario(srv, model, env, grace, settle, ready_url, streams_n, prestop_cmd, reason):
     r: dict = {}
     served = model.served_name
-    tps = await _throughput(srv, served)
+    tps = await _throughput(srv, served, streams_n)
     # Size the work so that, at the rate just measured, it outlasts the settle time (the preStop
     # then really waits on the queue metric) by a third of what the grace leaves, at most 4 s
     # (2 cores are shared with other jobs; the paths' graces differ 8x).
@@ -132,10 +378,10 @@ async def _scenario(srv, model, env, grace, settle, ready_url):
     # the grace must also hold.
     confirm = float(env.get("IDLE_SAMPLES", "1")) * float(env.get("POLL_INTERVAL_S", "1"))
     work_s = settle + min(max(grace - settle - confirm, 1) / 3, 4)
-    r["max_tokens"] = max_tokens = int(min(max(tps * work_s / STREAMS, 16), 512))
+    r["max_tokens"] = max_tokens = int(min(max(tps * work_s / streams_n, 16), 512))
     r["ready_before_prestop"] = await _ready(ready_url)
     tasks = [asyncio.ensure_future(sse.stream_completion(srv.host, srv.port, served, f"drain {i} gpu node",
-                                                         max_tokens, timeout=grace + 30)) for i in range(STREAMS)]
+                                                         max_tokens, timeout=grace + 30)) for i in range(streams_n)]
     await asyncio.sleep(0.5)  # every stream admitted: running or waiting in vLLM
 
     t0 = time.monotonic()
@@ -143,7 +389,7 @@ async def _scenario(srv, model, env, grace, settle, ready_url):
     stop = threading.Event()
     watcher = threading.Thread(target=_watch_ready, args=(ready_url, t0, r, stop), daemon=True)
     watcher.start()
-    prestop = await asyncio.create_subprocess_exec(sys.executable, str(DRAIN_PY), "prestop", env=env,
+    prestop = await asyncio.create_subprocess_exec(*prestop_cmd, env=env,
                                                    stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
     try:
         r["prestop_rc"] = await asyncio.wait_for(prestop.wait(), grace)
@@ -151,6 +397,7 @@ async def _scenario(srv, model, env, grace, settle, ready_url):
         prestop.kill()
         r["prestop_rc"] = "killed at grace"
     r["prestop_s"] = time.monotonic() - t0
+    r["reason"] = await asyncio.to_thread(lambda: _wait(reason, 5))
     stop.set()
     watcher.join(5)
 
@@ -165,6 +412,8 @@ async def _scenario(srv, model, env, grace, settle, ready_url):
         await asyncio.sleep(0.05)
     r["held_at_sigterm"] = held
     srv.sigterm()
+    left = max(grace - (time.monotonic() - t0), 0) + KUBELET_PRESTOP_EXTENSION_S
+    exit_wait = asyncio.ensure_future(asyncio.to_thread(lambda: (srv.wait_exit(left), time.monotonic())))
     await asyncio.sleep(0.2)
     try:
         r["health_after_sigterm"] = await asyncio.to_thread(lambda: engines.http_get(f"{srv.url}/health", 2)[0])
@@ -174,12 +423,14 @@ async def _scenario(srv, model, env, grace, settle, ready_url):
     for i in range(LATE):
         late.append(asyncio.ensure_future(sse.stream_completion(srv.host, srv.port, served, f"late {i}", 8, timeout=30)))
         await asyncio.sleep(0.25)
-    left = max(grace - (time.monotonic() - t0), 0) + KUBELET_PRESTOP_EXTENSION_S
-    r["exit_rc"] = await asyncio.to_thread(srv.wait_exit, left)
+    r["exit_rc"], exited_at = await exit_wait
     r["killed"] = r["exit_rc"] is None
     if r["killed"]:
         srv.kill()
     streams = await asyncio.gather(*tasks)
     stragglers = await asyncio.gather(*strag)
+    # the last token of the last straggler: from then on vLLM holds nothing and only has to exit
+    idle_at = max((s.token_times[-1] for s in stragglers if s.token_times), default=None)
+    r["exit_after_idle_s"] = None if idle_at is None or r["killed"] else exited_at - idle_at
     late_streams = await asyncio.gather(*late)
     return list(streams), list(stragglers), list(late_streams), r

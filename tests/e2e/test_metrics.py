@@ -11,6 +11,7 @@ Upstream rule-test format: prometheus/prometheus docs/configuration/unit_testing
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import subprocess
@@ -22,6 +23,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2e import engines, sse
+from tests.e2e.kube import NAMESPACE, NODE, FakeApi
 from tests.e2e.project import CUDA_METRIC, DRAIN_METRIC, DRAIN_PY, committed_rules, grouping_labels, selectors
 
 TARGET_LABELS = {"namespace", "service", "pod", "container", "endpoint", "job", "instance"}
@@ -60,27 +62,40 @@ def loaded(server, model):
 
 @pytest.fixture(scope="module")
 def sidecar_samples(e2e, model, tmp_path_factory):
-    """The real drain sidecar (drain.py watch) with the rendered env, after a spot drain began."""
+    """The real drain sidecar (drain.py watch) with the rendered env, after a spot drain began:
+    the preStop's flag (drain.py `write_flag`'s format) and Karpenter's interruption in the API."""
     d = tmp_path_factory.mktemp("sidecar")
     port = engines.free_port()
     flag = d / "draining"
-    flag.write_text("spot")
+    flag.write_text(json.dumps({"written_at": time.time()}))
+    token = d / "token"
+    token.write_text("t\n")
+    api = FakeApi({"maxUnavailable": 1, "selector": {"matchLabels": {}}}, {}, replicas=1)
+    api.add_pod("p", ready=True)
+    api.delete("p")
+    api.spot_interruption()
     env = {**os.environ, **model.sidecar_env, "DRAIN_FLAG": str(flag), "READY_ADDR": "127.0.0.1",
-           "READY_PORT": str(port), "SPOT_PROVIDERS": "", "VLLM_METRICS_URL": "http://127.0.0.1:9/metrics"}
+           "READY_PORT": str(port), "VLLM_METRICS_URL": "http://127.0.0.1:9/metrics", "KUBE_API": api.url,
+           "KUBE_TOKEN_PATH": str(token), "KUBE_CA_PATH": "", "POD_NAME": "p", "POD_NAMESPACE": NAMESPACE,
+           "NODE_NAME": NODE}
     proc = subprocess.Popen([sys.executable, str(DRAIN_PY), "watch"], env=env, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 15
         while True:
             try:
-                yield scrape(f"http://127.0.0.1:{port}/metrics")
-                break
+                samples = scrape(f"http://127.0.0.1:{port}/metrics")
+                if any(s.name == DRAIN_METRIC and s.labels.get("reason") == "spot" and s.value == 1 for s in samples):
+                    yield samples
+                    break
             except OSError:
-                assert time.monotonic() < deadline, "drain sidecar did not serve /metrics in 15 s"
-                time.sleep(0.2)
+                pass
+            assert time.monotonic() < deadline, "drain sidecar did not report the spot drain in 15 s"
+            time.sleep(0.2)
     finally:
         proc.kill()
         proc.wait(10)
+        api.close()
 
 
 def test_every_queried_vllm_metric_exists_with_the_selected_labels(loaded, sidecar_samples, model):

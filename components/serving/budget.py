@@ -1,0 +1,165 @@
+"""The drain budget: one pure function from a pool's notice and a model's drain settings to every
+number the drain uses (the preStop wait, vLLM's `--shutdown-timeout`, the pod's
+`terminationGracePeriodSeconds`), the Karpenter NodePool's `terminationGracePeriod`, and the
+config rule that rejects a drain that cannot finish in time. Nothing else computes them.
+
+The timeline of a spot reclaim, from the cloud's notice at t = 0 (docs/serving.md, "The drain
+budget", has the table of cases):
+
+  lead      notice -> the pod's preStop starts. AWS: EventBridge -> the SQS interruption queue ->
+            Karpenter's interruption controller deletes the NodeClaim (aws/karpenter-provider-aws
+            pkg/controllers/interruption/utils.go `deleteNodeClaim`; SQS long poll,
+            pkg/providers/sqs/sqs.go `WaitTimeSeconds: 20`, returns a message as it arrives), then
+            the termination controller taints the node and evicts the pod
+            (kubernetes-sigs/karpenter pkg/controllers/node/termination/terminator/eviction.go).
+            GKE: the kubelet's graceful node shutdown kills the pods itself on the shutdown event,
+            with no Eviction API call (kubernetes pkg/kubelet/nodeshutdown/
+            nodeshutdown_manager_linux.go `killPods`), and the notice we are handed is already what
+            regular pods get (components/gcp/config.py `pod_shutdown_grace_s`), so the lead is 0.
+  settle    the preStop has failed readiness; the kubelet's probe (1 s period) sees it, the
+            EndpointSlice drops the pod and every router stops sending. Requests admitted until
+            then still have to finish.
+  queue     a request admitted at the end of the settle window waits ceil(queued / slots) rounds
+            of `max_request_s` for a slot, then streams `max_request_s`.
+  confirm   the preStop trusts an empty vLLM only after IDLE_SAMPLES consecutive scrapes.
+  margin    what the window leaves after the streams are done; a spot pool needs SPOT_MARGIN_S.
+  exit      SIGTERM to an idle vLLM until the process is gone. It is in the grace when the
+            window has room (`--shutdown-timeout` is what remains after it), but a spot drain is
+            not rejected for it: the streams are over by then, and a kill of an idle vLLM at the
+            end of the window cuts nothing.
+
+On a pool without a notice (on-demand) nothing bounds the window; the grace then covers the whole
+drain plus one more `max_request_s` for a straggler a stale proxy sent after the settle window.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal, Optional
+
+AWS_NOTICE_TO_NODECLAIM_DELETE_S = 5
+"""AWS: EventBridge delivery to SQS, the controller's long poll and the NodeClaim delete."""
+KARPENTER_DELETE_TO_EVICTION_S = 5
+"""AWS: the NodeClaim's finalizer -> the node's termination controller -> the pod's eviction."""
+AWS_LEAD_S = AWS_NOTICE_TO_NODECLAIM_DELETE_S + KARPENTER_DELETE_TO_EVICTION_S
+GKE_LEAD_S = 0
+
+PROBE_PERIOD_S = 1
+"""The drain sidecar's `/ready` probe period (components/serving/pod_spec.py)."""
+ENDPOINT_PROPAGATION_S = 4
+"""Readiness failed -> out of every router: one probe period and its 1 s timeout, the kubelet's
+status update, the EndpointSlice controller, and the routers' EndpointSlice watch applying it.
+The least `drain.readiness_settle_s` may be."""
+IDLE_SAMPLES = 3
+"""Consecutive `running + waiting == 0` scrapes before the drain trusts that vLLM is empty."""
+POLL_INTERVAL_S = 1
+IDLE_CONFIRM_S = IDLE_SAMPLES * POLL_INTERVAL_S
+VLLM_EXIT_S = 20
+"""SIGTERM -> exit of a vLLM holding no request: the engine core lets its workers exit for
+VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS (5 s), then SIGTERMs them and waits 4 s more before SIGKILL
+(vllm/v1/executor/multiproc_executor.py, 0.32 and 0.33), then the API server stops. Measured
+15.8 s for the CPU build on a 2-core machine at load 12, so 20 s; tests/e2e/test_drain.py checks
+this bound."""
+SPOT_MARGIN_S = 5
+"""The least slack a spot pool's window must keep after the streams are done: jitter of the lead
+and of the endpoint propagation, which are estimates, not guarantees."""
+ON_DEMAND_NODE_DRAIN_LIMIT_S = 7200
+"""The NodePool `terminationGracePeriod` of on-demand capacity: no notice forces it, so PDBs hold a
+voluntary drain (drift, expiry) for up to two hours; the longest grace a model there may have."""
+
+Cloud = Literal["aws", "gcp"]
+
+
+def notice_lead_s(cloud: Optional[str]) -> int:
+    """Seconds between a spot notice and the preStop on `cloud` (the lead above)."""
+    return AWS_LEAD_S if cloud == "aws" else GKE_LEAD_S
+
+
+@dataclass(frozen=True)
+class DrainBudget:
+    notice_s: int
+    """Seconds from the spot notice to the node's end that a pod can use (0: no notice)."""
+    lead_s: int
+    settle_s: int
+    max_request_s: int
+    queue_rounds: int
+    prestop_s: int
+    """The preStop's bound: settle + (1 + rounds) x max_request + confirm."""
+    shutdown_s: int
+    """vLLM's `--shutdown-timeout`: what the grace leaves after the preStop and the exit."""
+    grace_s: int
+    """`terminationGracePeriodSeconds` = prestop + shutdown + exit."""
+
+    @property
+    def window_s(self) -> Optional[int]:
+        """From the preStop's start to the node's end; None on a pool without a notice."""
+        return self.notice_s - self.lead_s if self.notice_s > 0 else None
+
+    @property
+    def needed_s(self) -> int:
+        """From the preStop's start until the last stream is done and vLLM is known idle."""
+        return self.prestop_s
+
+    @property
+    def margin_s(self) -> Optional[int]:
+        w = self.window_s
+        return None if w is None else w - self.needed_s
+
+
+def drain_budget(notice_s: int, lead_s: int, settle_s: int, max_request_s: int, max_queued: int,
+                 max_num_seqs: int) -> DrainBudget:
+    """The budget of one model on one pool (`notice_s` 0: the pool has no notice)."""
+    rounds = math.ceil(max_queued / max_num_seqs)
+    prestop = settle_s + (1 + rounds) * max_request_s + IDLE_CONFIRM_S
+    if notice_s > 0:
+        window = notice_s - lead_s
+        shutdown = max(window - prestop - VLLM_EXIT_S, 0)
+        grace = max(window, prestop)
+    else:
+        shutdown = max_request_s
+        grace = prestop + shutdown + VLLM_EXIT_S
+    return DrainBudget(notice_s=notice_s, lead_s=lead_s, settle_s=settle_s, max_request_s=max_request_s,
+                       queue_rounds=rounds, prestop_s=prestop, shutdown_s=shutdown, grace_s=grace)
+
+
+def budget_problem(b: DrainBudget) -> Optional[str]:
+    """Why `b` cannot drain in time (the numbers, without the key), or None."""
+    if b.margin_s is None or b.margin_s >= SPOT_MARGIN_S:
+        return None
+    return (
+        f"the drain needs settle {b.settle_s}s + (1 + {b.queue_rounds} queue rounds) x "
+        f"{b.max_request_s}s + {IDLE_CONFIRM_S}s idle check = {b.needed_s}s, plus a {SPOT_MARGIN_S}s "
+        f"margin, within the {b.window_s}s the pod has (notice {b.notice_s}s - {b.lead_s}s until the "
+        f"preStop starts); allowed: max_request_s <= {max_request_that_fits(b)}"
+    )
+
+
+def max_request_that_fits(b: DrainBudget) -> int:
+    """The longest `max_request_s` that keeps `b`'s window and margin (0: none does)."""
+    if b.window_s is None:
+        return 3600
+    room = b.window_s - SPOT_MARGIN_S - IDLE_CONFIRM_S - b.settle_s
+    return max(room // (1 + b.queue_rounds), 0)
+
+
+def nodepool_termination_grace_s(capacity: str, notice_s: int) -> int:
+    """Karpenter's NodePool `spec.template.spec.terminationGracePeriod`, in seconds.
+
+    Karpenter deletes a pod that a PDB still protects, bypassing the PDB, at
+    `nodeTerminationTime - pod.terminationGracePeriodSeconds`, where nodeTerminationTime is the
+    NodeClaim's deletion + this grace (kubernetes-sigs/karpenter
+    pkg/controllers/node/termination/terminator/eviction.go `needsForceDelete`,
+    pkg/controllers/nodeclaim/lifecycle/controller.go
+    `ensureTerminationGracePeriodTerminationTimeAnnotation`). On spot capacity this ends the
+    grace exactly when the notice does, so a replica whose eviction a PDB refuses (429: another
+    replica is starting or draining, kubernetes pkg/controller/disruption `countHealthyPods`)
+    still gets its whole `terminationGracePeriodSeconds` before the instance goes."""
+    if capacity == "spot" and notice_s > 0:
+        return notice_s - AWS_NOTICE_TO_NODECLAIM_DELETE_S
+    return ON_DEMAND_NODE_DRAIN_LIMIT_S
+
+
+def go_duration(seconds: int) -> str:
+    """Seconds as the Go duration Karpenter's CRD takes (`^([0-9]+(s|m|h))+$`)."""
+    return f"{seconds}s"

@@ -1,0 +1,113 @@
+"""The drain budget (components/serving/budget.py): one function sets the preStop wait,
+`--shutdown-timeout`, the pod's grace and the NodePool's terminationGracePeriod, and the table of
+cases in docs/serving.md is what it computes."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from components.aws.config import AwsGpuPool
+from components.aws.karpenter_specs import nodepool_plans, nodepool_spec
+from components.config_types import AWS_SPOT_NOTICE_S, GKE_DEFAULT_SPOT_NOTICE_S
+from components.gcp.config import pod_shutdown_grace_s
+from components.serving.budget import (
+    AWS_LEAD_S,
+    AWS_NOTICE_TO_NODECLAIM_DELETE_S,
+    IDLE_CONFIRM_S,
+    SPOT_MARGIN_S,
+    VLLM_EXIT_S,
+    budget_problem,
+    drain_budget,
+    max_request_that_fits,
+    nodepool_termination_grace_s,
+)
+
+DOC = Path(__file__).resolve().parent.parent / "docs" / "serving.md"
+BEGIN, END = "<!-- drain-budget-table:begin -->", "<!-- drain-budget-table:end -->"
+
+CASES = [
+    # (case, notice a pod gets, lead, max_request_s, queued, slots)
+    ("AWS spot (120 s)", AWS_SPOT_NOTICE_S, AWS_LEAD_S, 60, 0, 64),
+    ("AWS spot, queue of one round", AWS_SPOT_NOTICE_S, AWS_LEAD_S, 30, 64, 64),
+    ("GKE spot, 30 s notice", pod_shutdown_grace_s(GKE_DEFAULT_SPOT_NOTICE_S), 0, 2, 0, 64),
+    ("GKE spot, 30 s notice", pod_shutdown_grace_s(GKE_DEFAULT_SPOT_NOTICE_S), 0, 10, 0, 64),
+    ("GKE spot, 120 s notice", pod_shutdown_grace_s(120), 0, 60, 0, 64),
+    ("on-demand, queue of three rounds", 0, 0, 60, 192, 64),
+]
+
+
+def table() -> str:
+    rows = ["| case | window | settle | queue rounds | preStop | `--shutdown-timeout` | grace | margin | longest `max_request_s` that fits |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    for name, notice, lead, req, queued, slots in CASES:
+        b = drain_budget(notice, lead, 5, req, queued, slots)
+        window = "none" if b.window_s is None else f"{b.notice_s} − {b.lead_s} = {b.window_s} s"
+        margin = "—" if b.margin_s is None else f"{b.margin_s} s" + (" ✗" if budget_problem(b) else "")
+        fits = "any" if b.window_s is None else (f"{max_request_that_fits(b)} s" if max_request_that_fits(b) else "none")
+        rows.append(f"| {name}, `max_request_s` {req} | {window} | 5 s | {b.queue_rounds} | {b.prestop_s} s | "
+                    f"{b.shutdown_s} s | {b.grace_s} s | {margin} | {fits} |")
+    return "\n".join(rows)
+
+
+def test_docs_table_is_what_the_budget_computes():
+    text = DOC.read_text()
+    got = text[text.index(BEGIN) + len(BEGIN):text.index(END)].strip()
+    assert got == table(), f"docs/serving.md's drain budget table is stale; it should read:\n{table()}"
+
+
+def test_every_part_of_the_spot_timeline_is_counted():
+    b = drain_budget(120, AWS_LEAD_S, 5, 60, 0, 64)
+    assert b.prestop_s == 5 + 60 + IDLE_CONFIRM_S
+    assert b.grace_s == b.prestop_s + b.shutdown_s + VLLM_EXIT_S == 120 - AWS_LEAD_S
+    assert budget_problem(b) is None and b.margin_s == 120 - AWS_LEAD_S - b.prestop_s
+
+
+def test_requests_admitted_during_the_settle_window_and_the_queue_are_in_the_prestop_wait():
+    """The issue's case: preStop = max_request_s while the queue needs three rounds."""
+    b = drain_budget(0, 0, 5, 60, 192, 64)
+    assert b.queue_rounds == 3 and b.prestop_s == 5 + 4 * 60 + IDLE_CONFIRM_S
+    assert b.shutdown_s == 60 and b.grace_s == b.prestop_s + 60 + VLLM_EXIT_S
+
+
+@pytest.mark.parametrize("req", [1, 10, 60, 90, 97, 98, 120])
+def test_the_spot_rule_rejects_exactly_what_leaves_less_than_the_margin(req):
+    b = drain_budget(120, AWS_LEAD_S, 5, req, 0, 64)
+    rejected = budget_problem(b) is not None
+    assert rejected == (120 - AWS_LEAD_S - (5 + req + IDLE_CONFIRM_S) < SPOT_MARGIN_S), (req, b)
+    assert rejected == (req > max_request_that_fits(b))
+    if not rejected:
+        assert b.grace_s == 120 - AWS_LEAD_S and b.shutdown_s == max(b.grace_s - b.prestop_s - VLLM_EXIT_S, 0)
+
+
+def test_gke_default_notice_fits_only_the_shortest_streams():
+    """15 s for regular pods (30 s - 15 s critical) hold settle + confirm + margin + 2 s."""
+    b = drain_budget(pod_shutdown_grace_s(GKE_DEFAULT_SPOT_NOTICE_S), 0, 5, 3, 0, 64)
+    assert budget_problem(b) is not None and max_request_that_fits(b) == 2
+
+
+def _pool(**kw) -> AwsGpuPool:
+    return AwsGpuPool.model_validate({"name": "gpu", "instance_types": ["g5.xlarge"], "max_nodes": 2, **kw})
+
+
+def test_spot_nodepool_forces_a_pdb_blocked_pod_out_in_time_for_its_whole_grace():
+    """Karpenter: a pod a PDB keeps from eviction is deleted at nodeTerminationTime - its grace,
+    nodeTerminationTime = NodeClaim deletion + terminationGracePeriod (kubernetes-sigs/karpenter
+    terminator/eviction.go `needsForceDelete`; nodeclaim/lifecycle/controller.go). With another
+    replica NotReady the PDB (maxUnavailable 1) allows 0 disruptions (pkg/controller/disruption
+    `countHealthyPods` counts only Ready pods not being deleted)."""
+    pool = _pool(capacity="spot", on_demand_fallback=True)
+    specs = {p.capacity: nodepool_spec(pool, p, False) for p in nodepool_plans(pool)}
+    tgp = specs["spot"]["template"]["spec"]["terminationGracePeriod"]
+    assert re.fullmatch(r"^([0-9]+(s|m|h))+$", tgp)
+    t = int(tgp[:-1])
+    assert t == nodepool_termination_grace_s("spot", AWS_SPOT_NOTICE_S)
+    for req in (1, 30, 60, 97):
+        g = drain_budget(AWS_SPOT_NOTICE_S, AWS_LEAD_S, 5, req, 0, 64).grace_s
+        deleted_at = AWS_NOTICE_TO_NODECLAIM_DELETE_S  # the NodeClaim's deletion, from the notice
+        forced_at = deleted_at + t - g
+        assert forced_at >= deleted_at + 1, "no time left to try a PDB-respecting eviction first"
+        assert forced_at + g <= AWS_SPOT_NOTICE_S, f"a PDB-blocked pod's grace ends {forced_at + g - 120}s after the instance"
+    assert specs["on-demand"]["template"]["spec"]["terminationGracePeriod"] == "7200s"
