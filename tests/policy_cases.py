@@ -200,21 +200,33 @@ def pdb(selector: Any = "default", **spec) -> Res:
     return (common.PDB, {"metadata": {"name": "p", "namespace": "apps"}, "spec": s})
 
 
-def scaled(min_replicas: Any) -> Res:
-    return (common.SCALED_OBJECT, {"metadata": {"name": "s", "namespace": "apps"},
-                                   "spec": {"scaleTargetRef": {"name": "d"}, "minReplicaCount": min_replicas}})
+def scaled(min_replicas: Any, kind: Optional[str] = None) -> Res:
+    """A KEDA ScaledObject over 'd'; scaleTargetRef.kind defaults to Deployment and minReplicaCount to 0
+    (keda.sh/docs/2.15/reference/scaledobject-spec)."""
+    spec: dict[str, Any] = {"scaleTargetRef": {"name": "d", **({"kind": kind} if kind else {})}}
+    if min_replicas is not None:
+        spec["minReplicaCount"] = min_replicas
+    return (common.SCALED_OBJECT, {"metadata": {"name": "s", "namespace": "apps"}, "spec": spec})
 
 
 PDB_CASES = [
     (PDB_RULE, "ok", "maxUnavailable 1", [pdb(maxUnavailable=1), dep(replicas=2)], None),
-    (PDB_RULE, "bad", "maxUnavailable 0", [pdb(maxUnavailable=0)], "maxUnavailable"),
+    (PDB_RULE, "bad", "maxUnavailable 0", [pdb(maxUnavailable=0)], "sets maxUnavailable 0"),
     (PDB_RULE, "same", "maxUnavailable 0.0 as the analyzer's double", [pdb(maxUnavailable=0.0)], "which is zero"),
-    (PDB_RULE, "same", "maxUnavailable '0%'", [pdb(maxUnavailable="0%")], "which is zero"),
-    (PDB_RULE, "bad", "minAvailable 100%", [pdb(minAvailable="100%")], "every pod"),
-    (PDB_RULE, "bad", "minAvailable equal to the replicas", [pdb(minAvailable=2), dep(replicas=2)], "as few as 2"),
+    (PDB_RULE, "same", "maxUnavailable '0%'", [pdb(maxUnavailable="0%")], "sets maxUnavailable '0%', which is zero"),
+    (PDB_RULE, "bad", "minAvailable 100%", [pdb(minAvailable="100%")], "sets minAvailable '100%', every pod"),
+    (PDB_RULE, "ok", "minAvailable 50% of 4 replicas", [pdb(minAvailable="50%"), dep(replicas=4)], None),
+    (PDB_RULE, "bad", "minAvailable equal to the replicas", [pdb(minAvailable=2), dep(replicas=2)], "sets minAvailable 2"),
+    (PDB_RULE, "bad", "minAvailable equal to the selected replicas beside other pods",
+     [pdb(minAvailable=2), dep(replicas=2), dep(name="other", replicas=3)], "('d') can be as few as 2"),
     (PDB_RULE, "same", "minAvailable equal to the default replica count", [pdb(minAvailable=1.0), dep()], "as few as 1"),
     (PDB_RULE, "bad", "minAvailable equal to KEDA's minReplicaCount", [pdb(minAvailable=1), dep(replicas=4), scaled(1)], "as few as 1"),
     (PDB_RULE, "ok", "minAvailable below the replicas", [pdb(minAvailable=1), dep(replicas=3)], None),
+    (PDB_RULE, "ok", "a ScaledObject over a StatefulSet 'd' leaves the Deployment 'd' alone",
+     [pdb(minAvailable=1), dep(replicas=4), scaled(1, kind="StatefulSet")], None),
+    (PDB_RULE, "bad", "KEDA's default minReplicaCount 0 beside a fixed Deployment",
+     [pdb(minAvailable=2), dep(replicas=4), scaled(None), dep(name="e", labels={"app": "d"}, replicas=2)], "as few as 2"),
+    (PDB_RULE, "ok", "minAvailable 0 over no pods", [pdb(minAvailable=0), dep(replicas=0)], None),
     (PDB_RULE, "same", "an empty selector selects the namespace's pods", [pdb(selector={}, minAvailable=1), dep(name="other", labels={"x": "y"})], "'other'"),
     (PDB_RULE, "ok", "a null selector selects no pods", [pdb(selector=None, minAvailable=1), dep()], None),
     (PDB_RULE, "missing", "no spec", [(common.PDB, {})], None),

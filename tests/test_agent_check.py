@@ -152,3 +152,52 @@ def test_drain_sidecar_answers_the_agent_from_vllm_and_its_flag(tmp_path, monkey
         t.join(5)
     finally:
         vllm.srv.shutdown()
+
+
+# ---- boundaries (issue 27: each kills a mutant that passed the tests above) -------------------
+
+BIG = ac.Thresholds(max_num_seqs=256, backpressure_ratio=0.2)
+
+
+def test_a_replica_with_room_never_reports_zero():
+    """HAProxy 2.6 configuration manual, server "agent-check": a `<n>%` word sets the weight in
+    proportion to the configured one, and "a zero weight ... has the same effect [as DRAIN] (it's
+    removed from the LB farm)". One free slot of 256 is floor(0.39) = 0 %, so the floor of 1 is what
+    keeps a replica with room in rotation; pressure halves 1 to 0 and is floored at 1 again. The
+    halved slot count is floored at 1 too: `maxconn:<n>` sets the server's maxconn, whose "0 ...
+    means unlimited" (server "maxconn")."""
+    assert ac.weight_percent(snap(running=255), BIG) == 1
+    assert ac.reply(snap(running=255, bp=0.5), BIG) == "up 1% maxconn:128\n"
+    one = ac.Thresholds(max_num_seqs=1, backpressure_ratio=0.2)
+    assert ac.max_conns(snap(bp=0.5), one) == 1
+    assert ac.max_conns(snap(bp=0.5), ac.Thresholds(max_num_seqs=3, backpressure_ratio=0.2)) == 1
+
+
+def test_pressure_is_strictly_above_the_thresholds_and_zero_is_off():
+    assert not ac.pressured(snap(lat=0.001), T), "at the latency threshold is not above it"
+    assert not ac.pressured(snap(bp=0.2), T), "at the backpressure threshold is not above it"
+    assert ac.pressured(snap(lat=0.0011), T) and ac.pressured(snap(bp=0.21), T)
+    off = ac.Thresholds(max_num_seqs=8)
+    assert not ac.pressured(snap(lat=5.0, bp=0.9), off), "a threshold of 0 switches that signal off"
+
+
+def test_a_snapshot_exactly_stale_s_old_is_still_fresh():
+    """Thresholds.stale_s: only a snapshot *older* than stale_s reads as saturated."""
+    assert ac.weight_percent(snap(age=T.stale_s), T) == 100
+    assert ac.weight_percent(snap(age=T.stale_s + 0.001), T) == 0
+
+
+def test_node_rates_with_no_new_samples_or_unchanged_counters():
+    prev = {ac.CUDA_LAUNCH_SUM: 1.0, ac.CUDA_LAUNCH_COUNT: 1000, ac.TCP_SAMPLES: 100, ac.TCP_BACKPRESSURE: 10}
+    assert ac.node_rates(prev, dict(prev)) == (None, None), "no launch and no send in the interval: no signal, no 0/0"
+    cur = {**prev, ac.TCP_SAMPLES: 200}
+    assert ac.node_rates(prev, cur) == (None, 0.0), "sends without backpressure: a ratio of 0, not a restart"
+    lat, _ = ac.node_rates({ac.CUDA_LAUNCH_SUM: 1.0}, {ac.CUDA_LAUNCH_SUM: 2.0})
+    assert lat is None, "a sum without its count is no mean"
+    _, bp = ac.node_rates({ac.TCP_BACKPRESSURE: 1}, {ac.TCP_BACKPRESSURE: 5})
+    assert bp is None, "backpressure without the sample count is no ratio"
+
+
+def test_parse_samples_keeps_only_the_wanted_names_and_drops_nan():
+    text = "vllm:num_requests_running 3\nvllm:num_requests_waiting NaN\nvllm:other_gauge 7\n"
+    assert ac.parse_samples(text, (ac.RUNNING, ac.WAITING)) == {ac.RUNNING: 3.0}

@@ -381,3 +381,42 @@ def test_serving_pods_do_not_mount_a_token():
     assert len(run([d], rule)) == 1
     d.props["spec"]["template"]["spec"]["automountServiceAccountToken"] = False
     assert run([d], rule) == []
+
+
+def test_int_or_percent_reads_an_intorstring_as_documented():
+    """policies.disruption_rules.int_or_percent: ("int", n) or ("percent", p); a bool is no
+    IntOrString (the API server rejects it), so the rule does not read one as 0 or 1."""
+    from decimal import Decimal
+
+    from policies.disruption_rules import int_or_percent
+
+    assert int_or_percent(True) is None and int_or_percent(False) is None and int_or_percent(None) is None
+    assert int_or_percent(1) == ("int", Decimal(1)) and int_or_percent(1.0) == ("int", Decimal("1.0"))
+    assert int_or_percent("1") == ("int", Decimal(1)), "a quoted number is an int, not a percent"
+    assert int_or_percent(" 50 % ") == ("percent", Decimal(50))
+    assert int_or_percent("0X") is None and int_or_percent("five%") is None, \
+        "no number: the API server rejects it (policy/v1 validation: an int or a numeric string ending in '%')"
+    assert run([res(common.PDB, {"spec": {"selector": {"matchLabels": {"a": "b"}}, "maxUnavailable": False}})],
+               "kubernetes-pdb-allows-disruption") == []
+
+
+def test_pdb_workload_known_by_its_resource_name():
+    """metadata.name unset: the pack knows a workload by its resource name (policies.common.object_name),
+    both for the ScaledObject that targets it and in the message."""
+    d = {"metadata": {"namespace": "apps"}, "spec": {"replicas": 4, "template": {"metadata": {"labels": {"app": "d"}}}}}
+    so = {"metadata": {"name": "s", "namespace": "apps"}, "spec": {"scaleTargetRef": {"name": "d"}, "minReplicaCount": 1}}
+    p = {"metadata": {"name": "p", "namespace": "apps"}, "spec": {"selector": {"matchLabels": {"app": "d"}}, "minAvailable": 1}}
+    vs = run([res(common.DEPLOYMENT, d, "d"), res(common.SCALED_OBJECT, so, "s"), res(common.PDB, p, "p")],
+             "kubernetes-pdb-allows-disruption")
+    assert [v.message for v in vs if "('d') can be as few as 1" in v.message], [v.message for v in vs]
+
+
+def test_pdb_with_a_replica_count_it_cannot_read_is_not_decided_on_the_rest():
+    """One selected workload's count unreadable (a non-integer): the rule does not judge the PDB
+    from the other workloads alone."""
+    p = {"metadata": {"name": "p", "namespace": "apps"}, "spec": {"selector": {"matchLabels": {"app": "d"}}, "minAvailable": 2}}
+    a = {"metadata": {"name": "a", "namespace": "apps"}, "spec": {"replicas": 2, "template": {"metadata": {"labels": {"app": "d"}}}}}
+    b = {"metadata": {"name": "b", "namespace": "apps"}, "spec": {"replicas": 2.5, "template": {"metadata": {"labels": {"app": "d"}}}}}
+    rule = "kubernetes-pdb-allows-disruption"
+    assert run([res(common.PDB, p, "p"), res(common.DEPLOYMENT, a, "a"), res(common.DEPLOYMENT, b, "b")], rule) == []
+    assert run([res(common.PDB, p, "p"), res(common.DEPLOYMENT, a, "a")], rule) != [], "the same PDB over 'a' alone blocks"
