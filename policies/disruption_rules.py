@@ -7,6 +7,7 @@ so `maxUnavailable: 0` arrives as `0.0`; every number here is normalised first.
 
 from __future__ import annotations
 
+import math
 from decimal import Decimal, InvalidOperation
 from typing import Any, Mapping, Optional
 
@@ -37,11 +38,15 @@ def int_or_percent(value: Any) -> Optional[tuple[str, Decimal]]:
 
 
 def workload_replicas(w: PolicyResource, scaled: Mapping[tuple[str, str], Any]) -> Optional[int]:
-    """The fewest pods a workload runs: KEDA's minReplicaCount when a ScaledObject targets it (KEDA's
-    default is 0), else spec.replicas (the API default is 1)."""
+    """The fewest pods a workload runs while it runs at all: KEDA's minReplicaCount when a
+    ScaledObject targets it (KEDA's default is 0), but at least 1, since an active ScaledObject's HPA
+    keeps minReplicas >= 1 (keda.sh/docs/2.15/reference/scaledobject-spec, minReplicaCount; a PDB over
+    a scaled-to-zero Deployment guards nothing, one over its single active pod blocks every drain);
+    else spec.replicas (the API default is 1)."""
     key = (namespace_of(w.props), object_name(w.props, w.name))
     if key in scaled and w.resource_type == DEPLOYMENT:
-        return whole_number(scaled[key]) if scaled[key] is not None else 0
+        least = whole_number(scaled[key]) if scaled[key] is not None else 0
+        return None if least is None else max(1, least)
     replicas = dig(w.props, "spec", "replicas")
     return 1 if replicas is None else whole_number(replicas)
 
@@ -63,8 +68,8 @@ def blocking_reason(pdb: PolicyResource, resources: list[PolicyResource], scope:
         return f"sets maxUnavailable {spec.get('maxUnavailable')!r}, which is zero"
     if ma is None:
         return None
-    if ma[0] == "percent":
-        return f"sets minAvailable {spec.get('minAvailable')!r}, every pod" if ma[1] >= 100 else None
+    if ma[0] == "percent" and ma[1] >= 100:
+        return f"sets minAvailable {spec.get('minAvailable')!r}, every pod"
     selector = spec.get("selector")
     if selector is None:
         return None  # a null selector selects no pods (k8s.io/api policy/v1 types.go)
@@ -76,7 +81,11 @@ def blocking_reason(pdb: PolicyResource, resources: list[PolicyResource], scope:
     if not selected or any(c is None for c in counts):
         return None
     total = sum(c for c in counts if c is not None)
-    if total > 0 and ma[1] >= total:
+    # A percent minAvailable is scaled to the pods and rounded UP (kubernetes pkg/controller/disruption
+    # disruption.go getExpectedPodCount: GetScaledValueFromIntOrPercent(minAvailable, expectedCount,
+    # true)): "50%" of 1 pod keeps that pod.
+    needed = math.ceil(ma[1] * total / 100) if ma[0] == "percent" else ma[1]
+    if total > 0 and needed >= total:
         names = ", ".join(f"'{object_name(w.props, w.name)}'" for w in selected)
         return f"sets minAvailable {spec.get('minAvailable')!r} while the pods it selects ({names}) can be as few as {total}"
     return None
