@@ -111,3 +111,36 @@ def test_spot_nodepool_forces_a_pdb_blocked_pod_out_in_time_for_its_whole_grace(
         assert forced_at >= deleted_at + 1, "no time left to try a PDB-respecting eviction first"
         assert forced_at + g <= AWS_SPOT_NOTICE_S, f"a PDB-blocked pod's grace ends {forced_at + g - 120}s after the instance"
     assert specs["on-demand"]["template"]["spec"]["terminationGracePeriod"] == "7200s"
+
+
+def test_any_notice_is_a_spot_budget_and_every_field_is_kept():
+    """A pool with a notice, however short, gets the spot arithmetic (the grace is the window, or the
+    preStop when that is longer); the budget keeps every input it was computed from."""
+    from components.serving.budget import IDLE_CONFIRM_S, drain_budget
+
+    b = drain_budget(notice_s=1, lead_s=0, settle_s=0, max_request_s=0, max_queued=0, max_num_seqs=1)
+    assert b.window_s == 1 and b.prestop_s == IDLE_CONFIRM_S
+    assert (b.shutdown_s, b.grace_s) == (0, max(1, IDLE_CONFIRM_S)), b
+    full = drain_budget(notice_s=120, lead_s=10, settle_s=4, max_request_s=20, max_queued=64, max_num_seqs=32)
+    assert (full.notice_s, full.lead_s, full.settle_s, full.max_request_s, full.queue_rounds) == (120, 10, 4, 20, 2)
+    assert full.prestop_s == 4 + 3 * 20 + IDLE_CONFIRM_S
+
+
+def test_max_request_that_fits_is_zero_when_nothing_fits_and_the_config_bound_without_a_notice():
+    """0 when even an instant request leaves no margin; without a notice, the most `max_request_s`
+    may be (components/serving/config.py `Field(le=3600)`)."""
+    from components.serving.budget import drain_budget, max_request_that_fits
+    from components.serving.config import Drain
+
+    tiny = drain_budget(notice_s=10, lead_s=0, settle_s=4, max_request_s=1, max_queued=0, max_num_seqs=1)
+    assert max_request_that_fits(tiny) == 0
+    on_demand = drain_budget(notice_s=0, lead_s=0, settle_s=4, max_request_s=1, max_queued=0, max_num_seqs=1)
+    bound = next(m.le for m in Drain.model_fields["max_request_s"].metadata if hasattr(m, "le"))
+    assert max_request_that_fits(on_demand) == bound == 3600
+
+
+def test_a_spot_pool_without_a_notice_drains_like_on_demand():
+    from components.serving.budget import ON_DEMAND_NODE_DRAIN_LIMIT_S, nodepool_termination_grace_s
+
+    assert nodepool_termination_grace_s("spot", 0) == ON_DEMAND_NODE_DRAIN_LIMIT_S
+    assert nodepool_termination_grace_s("on-demand", 120) == ON_DEMAND_NODE_DRAIN_LIMIT_S

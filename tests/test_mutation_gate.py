@@ -78,16 +78,20 @@ def test_targets_and_baseline_are_consistent():
 
 
 def test_a_known_bug_applies_exactly_once_or_fails_loudly():
-    bug = mg.KnownBug(name="b", file="x.py", find="if idle:", replace="if True:", tests=("tests/test_x.py",))
+    bug = mg.KnownBug(name="b", file="x.py", edits=(("if idle:", "if True:"),), tests=("tests/test_x.py",))
     assert bug.apply("a\nif idle:\n  go()\n") == "a\nif True:\n  go()\n"
     with pytest.raises(SystemExit, match="0 times"):
         bug.apply("moved elsewhere")
     with pytest.raises(SystemExit, match="2 times"):
         bug.apply("if idle:\nif idle:\n")
+    two = mg.KnownBug(name="b", file="x.py", edits=(("a = 1", "a = 0"), ("b = 1", "b = 0")), tests=("t.py",))
+    assert two.apply("a = 1\nb = 1\n") == "a = 0\nb = 0\n"
+    with pytest.raises(SystemExit, match="0 times"):
+        two.apply("a = 1\n")
 
 
 def test_a_golden_render_may_not_catch_a_known_bug():
-    bug = mg.KnownBug(name="b", file="x.py", find="a", replace="b", tests=("tests/test_golden_render.py::test_x",))
+    bug = mg.KnownBug(name="b", file="x.py", edits=(("a", "b"),), tests=("tests/test_golden_render.py::test_x",))
     with pytest.raises(SystemExit, match="golden"):
         mg.run_known_bug(bug, timeout=10)
 

@@ -162,24 +162,27 @@ def run_target(target: Target, jobs: int, timeout: int) -> dict[str, str]:
 class KnownBug:
     name: str
     file: str
-    find: str
-    replace: str
+    edits: tuple[tuple[str, str], ...]
+    """(find, replace) pairs applied in order: one bug may need two places changed."""
     tests: tuple[str, ...]
 
     @staticmethod
     def load(path: Path = KNOWN_BUGS_FILE) -> list["KnownBug"]:
         raw = json.loads(path.read_text()) if path.exists() else {"bugs": {}}
-        return [KnownBug(name=n, file=b["file"], find=b["find"], replace=b["replace"], tests=tuple(b["tests"]))
+        return [KnownBug(name=n, file=b["file"], tests=tuple(b["tests"]),
+                         edits=tuple((e[0], e[1]) for e in b.get("edits", [])) or ((b["find"], b["replace"]),))
                 for n, b in raw["bugs"].items()]
 
     def apply(self, text: str) -> str:
         """The file's text with the bug in; refuses a `find` that is not there exactly once, so a
         refactor that moves the code makes the entry fail loudly instead of testing nothing."""
-        count = text.count(self.find)
-        if count != 1:
-            raise SystemExit(f"known bug {self.name!r}: {self.file} contains its `find` text {count} times (want 1); "
-                             "update tests/mutation/known_bugs.json")
-        return text.replace(self.find, self.replace)
+        for find, replace in self.edits:
+            count = text.count(find)
+            if count != 1:
+                raise SystemExit(f"known bug {self.name!r}: {self.file} contains its `find` text {count} times "
+                                 "(want 1); update tests/mutation/known_bugs.json")
+            text = text.replace(find, replace)
+        return text
 
 
 GOLDEN_TESTS = ("tests/test_golden_render.py",)
