@@ -195,6 +195,11 @@ def _on_demand_drain(max_request_s: int) -> list[Callable[[dict[str, Any]], None
             _set("models[0].drain.max_request_s", max_request_s)]
 
 
+def _a2_ultragpu_4g() -> list[Callable[[dict[str, Any]], None]]:
+    return [_set("clusters[1].gpu_pools[0].machine_type", "a2-ultragpu-4g"),
+            _set("clusters[1].gpu_pools[0].zones", ["us-central1-a"])]
+
+
 # (case id, stack, edits, the exact problem lines)
 BOUNDARY_CASES: list[tuple[str, str, list[Callable[[dict[str, Any]], None]], list[str]]] = [
     # the kubelet reserves CPUs for the system (components/node_pools.py reserved_cpus_for): the
@@ -210,6 +215,11 @@ BOUNDARY_CASES: list[tuple[str, str, list[Callable[[dict[str, Any]], None]], lis
       "models[0].resources.memory_gib: 29 GiB exceeds ~90% of the 32 GiB on g5.2xlarge in "
       "clusters[0].gpu_pools[0] (1x A10G)"]),
     ("memory-at-90-percent-floor", "dev", [_set("models[0].resources.memory_gib", 28)], []),
+    # a2-ultragpu-4g: 680 GiB, whose 90% is exactly 612 GiB, which still fits
+    ("memory-exactly-90-percent", "prod", [*_a2_ultragpu_4g(), _set("models[0].resources.memory_gib", 612)], []),
+    ("memory-one-over-90-percent", "prod", [*_a2_ultragpu_4g(), _set("models[0].resources.memory_gib", 613)],
+     ["models[0].resources.memory_gib: 613 GiB exceeds ~90% of the 680 GiB on a2-ultragpu-4g in "
+      "clusters[1].gpu_pools[0] (4x A100-80GB)"]),
     # every instance type of the pool is checked, also after one that cannot hold the pod at all
     ("tp-larger-than-every-type", "dev", [_set("models[0].engine.tensor_parallel_size", 2),
                                           _set("models[0].resources.shm_size_gib", 8)],
@@ -297,3 +307,4 @@ def test_weights_and_kv_fit_exactly_at_usable_memory():
     assert problems("dev", *exact, _set("models[0].min_kv_cache_gib", kv)) == []
     over = problems("dev", *exact, _set("models[0].min_kv_cache_gib", kv + 0.01))
     assert len(over) == 4 and all("= 12.0 GiB do not fit 1x 24 GiB at 0.5 (12.0 GiB)" in p for p in over), over
+
