@@ -307,4 +307,3 @@ def test_weights_and_kv_fit_exactly_at_usable_memory():
     assert problems("dev", *exact, _set("models[0].min_kv_cache_gib", kv)) == []
     over = problems("dev", *exact, _set("models[0].min_kv_cache_gib", kv + 0.01))
     assert len(over) == 4 and all("= 12.0 GiB do not fit 1x 24 GiB at 0.5 (12.0 GiB)" in p for p in over), over
-
