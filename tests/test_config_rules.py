@@ -171,3 +171,139 @@ def test_hf_token_must_be_secret():
     raw = {k[len(P):]: v for k, v in stack_config("prod").items()}
     with pytest.raises(ConfigError, match="hf_token: must be a secret"):
         parse_stack_config({**raw, "hf_token": "plain"}, "prod", set())
+
+
+# --- the fit, placement and drain-budget validators at their boundaries (parsing only, no program run)
+
+
+def problems(stack: str, *edits: Callable[[dict[str, Any]], None]) -> list[str]:
+    """The problem lines of `stack`'s config after `edits` ([] when it parses)."""
+    cfg = mutated(stack, lambda c: [edit(c) for edit in edits])
+    raw = {k[len(P):]: v for k, v in cfg.items()}
+    secrets = {"hf_token", *alert_secret_keys(raw)}
+    try:
+        parse_stack_config({**raw, **{k: "t" for k in secrets}}, stack, secrets)
+    except ConfigError as err:
+        return [line[len("  - "):] for line in str(err).splitlines() if line.startswith("  - ")]
+    return []
+
+
+def _on_demand_drain(max_request_s: int) -> list[Callable[[dict[str, Any]], None]]:
+    # dev's model: max_num_seqs 64, so 128 queued requests are 2 queue rounds
+    return [_set("clusters[0].gpu_pools[0].capacity", "on-demand"),
+            _set("models[0].engine.max_queued_requests", 128),
+            _set("models[0].drain.max_request_s", max_request_s)]
+
+
+def _a2_ultragpu_4g() -> list[Callable[[dict[str, Any]], None]]:
+    return [_set("clusters[1].gpu_pools[0].machine_type", "a2-ultragpu-4g"),
+            _set("clusters[1].gpu_pools[0].zones", ["us-central1-a"])]
+
+
+# (case id, stack, edits, the exact problem lines)
+BOUNDARY_CASES: list[tuple[str, str, list[Callable[[dict[str, Any]], None]], list[str]]] = [
+    # the kubelet reserves CPUs for the system (components/node_pools.py reserved_cpus_for): the
+    # pool's largest type (g6.4xlarge, 16 vCPUs) reserves 2, so a g6.2xlarge allocates 8 - 2 = 6
+    ("cpu-one-over-allocatable", "dev", [_set("models[0].resources.cpu", 7)],
+     ["models[0].resources.cpu: 7 CPUs exceed the 6 allocatable on g6.2xlarge in clusters[0].gpu_pools[0] "
+      "(1x L4)",
+      "models[0].resources.cpu: 7 CPUs exceed the 6 allocatable on g5.2xlarge in clusters[0].gpu_pools[0] "
+      "(1x A10G)"]),
+    ("memory-over-90-percent", "dev", [_set("models[0].resources.memory_gib", 29)],
+     ["models[0].resources.memory_gib: 29 GiB exceeds ~90% of the 32 GiB on g6.2xlarge in "
+      "clusters[0].gpu_pools[0] (1x L4)",
+      "models[0].resources.memory_gib: 29 GiB exceeds ~90% of the 32 GiB on g5.2xlarge in "
+      "clusters[0].gpu_pools[0] (1x A10G)"]),
+    ("memory-at-90-percent-floor", "dev", [_set("models[0].resources.memory_gib", 28)], []),
+    # a2-ultragpu-4g: 680 GiB, whose 90% is exactly 612 GiB, which still fits
+    ("memory-exactly-90-percent", "prod", [*_a2_ultragpu_4g(), _set("models[0].resources.memory_gib", 612)], []),
+    ("memory-one-over-90-percent", "prod", [*_a2_ultragpu_4g(), _set("models[0].resources.memory_gib", 613)],
+     ["models[0].resources.memory_gib: 613 GiB exceeds ~90% of the 680 GiB on a2-ultragpu-4g in "
+      "clusters[1].gpu_pools[0] (4x A100-80GB)"]),
+    # every instance type of the pool is checked, also after one that cannot hold the pod at all
+    ("tp-larger-than-every-type", "dev", [_set("models[0].engine.tensor_parallel_size", 2),
+                                          _set("models[0].resources.shm_size_gib", 8)],
+     [f"models[0].engine.tensor_parallel_size: 2 x pipeline 1 = 2 GPUs is larger than {t} in "
+      f"clusters[0].gpu_pools[0] (1x {g}); allowed: a divisor of 1"
+      for t, g in (("g6.2xlarge", "L4"), ("g6.4xlarge", "L4"), ("g5.2xlarge", "A10G"), ("g5.4xlarge", "A10G"))]),
+    ("tp-divides-no-type", "prod", [_set("models[1].engine.tensor_parallel_size", 3)],
+     [f"models[1].engine.tensor_parallel_size: 3 does not divide the 4 GPUs of {t} in clusters[{c}].gpu_pools[1] "
+      f"(4x L4); allowed: a divisor of 4"
+      for c, t in ((0, "g6.12xlarge"), (0, "g6.24xlarge"), (1, "g2-standard-48"))]),
+    # weights + KV headroom against the GPUs' memory at gpu_memory_utilization (24 GiB x 0.6 = 14.4)
+    ("weights-and-kv-over-usable", "dev", [_set("models[0].engine.gpu_memory_utilization", 0.6)],
+     [f"models[0].engine.gpu_memory_utilization: weights 15.3 GiB + KV headroom 2 GiB = 17.3 GiB do not fit "
+      f"1x 24 GiB at 0.6 (14.4 GiB) on {t} in clusters[0].gpu_pools[0] (1x {g}); raise tensor_parallel_size, "
+      f"quantize, or pick larger GPUs"
+      for t, g in (("g6.2xlarge", "L4"), ("g6.4xlarge", "L4"), ("g5.2xlarge", "A10G"), ("g5.4xlarge", "A10G"))]),
+    # single-numa-node (kubelet Topology Manager, kubernetes pkg/kubelet/cm/topologymanager
+    # policy_single_numa_node.go): a pod's GPUs and CPUs must come from one NUMA node;
+    # p5.48xlarge has 2 NUMA nodes of 4 GPUs and 96 vCPUs, and reserves 4 CPUs (192 vCPUs)
+    ("numa-gpus-never-aligned", "prod", [_set("models[0].engine.tensor_parallel_size", 8),
+                                         _delete("models[0].placements[1]")],
+     [f"models[0].engine.tensor_parallel_size: 8 GPUs per pod can never be aligned to one NUMA node of "
+      f"p5.48xlarge in clusters[0].gpu_pools[0] (8x H100-80GB) (2 NUMA nodes, 4 GPUs each) under "
+      f"topology_manager_policy single-numa-node; allowed: at most 4 GPUs, or set "
+      f"clusters[0].gpu_pools[0].kubelet.topology_manager_policy to restricted/best-effort"]),
+    ("numa-restricted-allows-8-gpus", "prod", [_set("models[0].engine.tensor_parallel_size", 8),
+                                               _set("clusters[0].kubelet.topology_manager_policy", "restricted"),
+                                               _delete("models[0].placements[1]")],
+     []),
+    ("numa-cpus-at-the-node", "prod", [_set("models[0].resources.cpu", 92)], []),
+    ("numa-cpus-one-over-the-node", "prod", [_set("models[0].resources.cpu", 93)],
+     ["models[0].resources.cpu: 93 CPUs can never fit one NUMA node of p5.48xlarge in clusters[0].gpu_pools[0] "
+      "(8x H100-80GB) (96 vCPUs each, 4 reserved) under single-numa-node; allowed: at most 92"]),
+    # a single-NUMA type under single-numa-node: only the allocatable rule applies
+    ("numa-single-node-type", "prod", [_set("models[1].resources.cpu", 47)],
+     [f"models[1].resources.cpu: 47 CPUs exceed the {n} allocatable on {t} in clusters[{c}].gpu_pools[1] (4x L4)"
+      for c, t, n in ((0, "g6.12xlarge", 44), (1, "g2-standard-48", 46))]),
+    # the drain budget names the queue when queue rounds are part of it
+    ("spot-drain-with-queue", "dev", [_set("models[0].engine.max_queued_requests", 64)],
+     ["models[0].engine.max_queued_requests: on clusters[0].gpu_pools[0] (spot, cluster 'dev-use1') the drain "
+      "needs settle 5s + (1 + 1 queue rounds) x 60s + 3s idle check = 128s, plus a 5s margin, within the 110s "
+      "the pod has (notice 120s - 10s until the preStop starts); allowed: max_request_s <= 48"]),
+    # Karpenter's NodePool terminationGracePeriod on on-demand pools (components/serving/budget.py
+    # nodepool_termination_grace_s): 5 + 3 x 1793 + 3 + 1793 + 20 = 7200s is exactly the limit
+    ("on-demand-grace-at-the-limit", "dev", _on_demand_drain(1793), []),
+    ("on-demand-grace-over-the-limit", "dev", _on_demand_drain(1794),
+     ["models[0].drain.max_request_s: the drain's grace of 7204s exceeds the 7200s terminationGracePeriod of "
+      "clusters[0].gpu_pools[0]'s NodePools, after which Karpenter deletes the pod; allowed: a grace <= 7200s "
+      "(a shorter queue or max_request_s)"]),
+    # overflow_to: the target must be economy AND serve the same name; each failing alone is enough
+    ("overflow-to-other-served-name", "prod", [_set("models[1].served_model_name", "llama-other")],
+     ["models[0].overflow_to: 'llama-70b-economy' must be an economy-tier entry with the same served model "
+      "name ('llama-3.3-70b')"]),
+    ("overflow-to-missing-lists-the-others", "prod", [_set("models[0].overflow_to", "llama-cheap")],
+     ["models[0].overflow_to: no model named 'llama-cheap'; allowed: llama-70b-economy"]),
+    # one placement per cluster; every later placement is still checked
+    ("placements-each-checked", "prod",
+     [_set("models[1].placements", [
+         {"cluster": "prod-use1", "pool": "l4", "min_replicas": 1, "max_replicas": 2},
+         {"cluster": "prod-use1", "pool": "l4", "min_replicas": 1, "max_replicas": 2},
+         {"cluster": "nowhere", "pool": "l4", "min_replicas": 1, "max_replicas": 2},
+         {"cluster": "prod-usc1", "pool": "nope", "min_replicas": 1, "max_replicas": 2},
+         {"cluster": "nowhere", "pool": "l4", "min_replicas": 1, "max_replicas": 2}])],
+     ["models[1].placements[1].cluster: model 'llama-70b-economy' is already placed on cluster 'prod-use1' "
+      "(models[1].placements[0]); allowed: one placement per cluster (use another model entry to serve it from "
+      "a second pool)",
+      "models[1].placements[2].cluster: no cluster named 'nowhere'; allowed: prod-usc1, prod-use1",
+      "models[1].placements[3].pool: no GPU pool named 'nope' in cluster 'prod-usc1'; allowed: h100, l4",
+      "models[1].placements[4].cluster: model 'llama-70b-economy' is already placed on cluster 'nowhere' "
+      "(models[1].placements[2]); allowed: one placement per cluster (use another model entry to serve it from "
+      "a second pool)"]),
+]
+
+
+@pytest.mark.parametrize("case_id,stack,edits,expected", BOUNDARY_CASES, ids=[c[0] for c in BOUNDARY_CASES])
+def test_validator_boundary(case_id, stack, edits, expected):
+    assert sorted(problems(stack, *edits)) == sorted(expected)
+
+
+def test_weights_and_kv_fit_exactly_at_usable_memory():
+    # 4e9 bf16 parameters are 8e9 / 2**30 GiB (exact in binary); at 0.5 x 24 GiB = 12 GiB usable a
+    # headroom of 12 - weights fills the GPU exactly, which fits; a bit more does not
+    kv = 12 - 8e9 / 2**30
+    exact = [_set("models[0].params_billion", 4.0), _set("models[0].engine.gpu_memory_utilization", 0.5)]
+    assert problems("dev", *exact, _set("models[0].min_kv_cache_gib", kv)) == []
+    over = problems("dev", *exact, _set("models[0].min_kv_cache_gib", kv + 0.01))
+    assert len(over) == 4 and all("= 12.0 GiB do not fit 1x 24 GiB at 0.5 (12.0 GiB)" in p for p in over), over
