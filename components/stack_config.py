@@ -311,7 +311,7 @@ def _placements(s: StackConfig) -> list[str]:
             errs += _fit(
                 key, m, pool, pool_key, pool_topology_policy(cluster, pool), effective_reserved_cpus(cluster, pool)
             )
-            errs += _drain_budget(key, m, cluster, ci, pool, pool_key)
+            errs += _drain_budget(key, m, cluster, pool, pool_key)
     return errs
 
 
@@ -382,7 +382,7 @@ def cluster_cloud(cluster: Any) -> str:
     return getattr(cluster, "underlying_cloud", None) or cluster.cloud
 
 
-def _drain_budget(key: str, m: ModelConfig, cluster: Any, ci: int, pool: AnyPool, pool_key: str) -> list[str]:
+def _drain_budget(key: str, m: ModelConfig, cluster: Any, pool: AnyPool, pool_key: str) -> list[str]:
     """The drain budget of `m` on `pool` (components/serving/budget.py) must fit the pool's notice
     and, where Karpenter drains the nodes, the NodePool's terminationGracePeriod."""
     cloud = cluster_cloud(cluster)
