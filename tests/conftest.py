@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import hypothesis.strategies._internal.regex  # noqa: F401 - see below
 import pytest
+
+# hypothesis imports its regex strategy (st.from_regex) lazily, so pytest's assertion rewriter would
+# compile it in the middle of a long session, where CPython 3.11's ast.parse can fail with "AST
+# constructor recursion depth mismatch" although the file is fine (seen in a full run, Debian's
+# 3.11.2; tests/test_layout.py works around the same bug): load it at collection time instead.
 
 from tests.tiers import pytest_terminal_summary  # noqa: F401 - the hook that names skipped tiers
 from tools.offline import ProgramRun, available_stacks, run_program

@@ -310,9 +310,24 @@ def test_prefix_affinity_is_the_same_on_every_router_and_spills_past_the_bound(t
     ids1 = {n: h.id for n, h in r1.servers("m").items()}
     assert ids1 == {n: h.id for n, h in r2.servers("m").items()}, "server ids come from the pod, not the router"
     where: dict[str, set] = {}
+
+    def settled() -> None:
+        """The consistent-hash ring follows the servers' weights, which follow each replica's agent
+        report: wait until both routers see every replica idle at one weight (a previous request's
+        session can linger on a busy machine), so the mapping under test is the idle one."""
+        deadline = time.monotonic() + 10
+        while True:
+            seen = [r.servers("m") for r in (r1, r2)]
+            if all(h.sessions == 0 for hs in seen for h in hs.values()) and \
+                    len({h.weight for hs in seen for h in hs.values()}) == 1:
+                return
+            assert time.monotonic() < deadline, f"replicas never settled idle at one weight: {seen}"
+            time.sleep(0.05)
+
     for k in range(8):
         prompt = f"shared system prompt number {k} " * 4
         for router in (r1, r2, r1, r2):
+            settled()
             x = complete(router.url, "m", f"k{k}", 3, prompt=prompt)
             where.setdefault(prompt, set()).add(x.served_by[0])
     assert all(len(v) == 1 for v in where.values()), where
