@@ -25,6 +25,15 @@ pytestmark = needs_haproxy
 SUCCESS = re.compile(r'^vllm:request_success_total\{[^}]*\} ([0-9.e+]+)$', re.M)
 
 
+RUNNING = re.compile(r'^vllm:num_requests_running\{[^}]*\} ([0-9.e+]+)$', re.M)
+
+
+def running(srv: engines.VllmServer) -> float:
+    status, body = engines.http_get(f"{srv.url}/metrics", 5)
+    assert status == 200
+    return sum(float(v) for v in RUNNING.findall(body.decode()))
+
+
 def finished(srv: engines.VllmServer) -> float:
     status, body = engines.http_get(f"{srv.url}/metrics", 5)
     assert status == 200
@@ -79,7 +88,16 @@ def test_overflow_past_the_cap_goes_to_economy(pair, model, tmp_path, agents):
         out: dict = {}
         t = threading.Thread(target=lambda: out.update(long=complete(r.url, "m", "long", 2000, 120, model.served_name)))
         t.start()
-        time.sleep(1.0)  # the long stream holds the primary's only slot
+        # The long stream must hold the primary's only slot when the short one arrives: wait until
+        # vLLM itself runs it (a fixed sleep raced the tiny model, which can finish 2,000 tokens in
+        # about a second on an idle machine), and until the primary's agent reports it full.
+        deadline = time.monotonic() + 30
+        while running(p) < 1 or "long" in out:
+            assert "long" not in out, f"the long stream ended before the primary was seen busy: {out['long']}"
+            assert time.monotonic() < deadline, "the long stream never reached the primary"
+            time.sleep(0.02)
+        time.sleep(0.3)  # three agent polls (interval_s 0.1): every router has the full report
+        assert "long" not in out, "the long stream ended before the short one was sent; lengthen it"
         short = complete(r.url, "m", "short", 4, 60, model.served_name)
         t.join(120)
         assert short.status == 200 and short.done, short
