@@ -301,8 +301,14 @@ async def _spot(rep: Replica, api: FakeApi, pod: RenderedPod, cap: int, settle: 
     max_tokens = int(min(max(tps * (settle + 4) / cap, 16), 512))
     tasks = [asyncio.ensure_future(sse.stream_completion(rep.srv.host, rep.srv.port, m.served_name, f"spot {i}",
                                                          max_tokens, timeout=pod.grace_s + 30)) for i in range(cap)]
-    await asyncio.sleep(0.5)
-    r["held_at_notice"] = await asyncio.to_thread(_held, rep.srv)
+    # The notice comes once vLLM holds the full queue: wait for it (a fixed 0.5 s was too short on a
+    # busy machine), bounded well inside the streams' length.
+    deadline = time.monotonic() + min(settle + 2, 10)
+    held = await asyncio.to_thread(_held, rep.srv)
+    while held < cap - 4 and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+        held = await asyncio.to_thread(_held, rep.srv)
+    r["held_at_notice"] = held
     api.spot_interruption()
     drain = KarpenterDrain(api, rep.name, time.monotonic(), pod.nodepool_grace_s, pod.grace_s)
 
