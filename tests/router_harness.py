@@ -5,6 +5,8 @@ responder) or real vLLM servers as replicas. Loopback only."""
 
 from __future__ import annotations
 
+import contextlib
+import http.client
 import json
 import os
 import shutil
@@ -258,6 +260,92 @@ def complete(base: str, model: str, rid: str, max_tokens: int = 5, timeout: floa
         return Reply(e.code, chunks, served, False, e.read().decode(errors="replace"))
     except Exception as e:  # a cut stream: what arrived so far, and why it stopped
         return Reply(200 if chunks else 0, chunks, served, False, repr(e))
+
+
+class HeldStream:
+    """A streaming completion whose client says when the first event arrived (`wait_first`) and
+    then reads nothing more until `release()`: the moment a test acts on a stream that is surely
+    in flight (the e2e tier pauses the replica's engine there).
+
+    The client is its own process, as a real client is: reading a long stream line by line in a
+    thread of the test's process held the GIL for seconds at a time, starving the agent responders
+    and the controller that run there (an agent whose snapshot goes stale reports its replica
+    saturated)."""
+
+    def __init__(self, base: str, model: str, rid: str, max_tokens: int, served: str, timeout: float = 180) -> None:
+        self._proc = subprocess.Popen(
+            [sys.executable, "-c", "from tests.router_harness import _held_stream_main; _held_stream_main()",
+             base, model, rid, str(max_tokens), served, str(timeout)],
+            cwd=str(Path(__file__).resolve().parent.parent), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self._reply: Optional[Reply] = None
+
+    def wait_first(self, timeout: float = 30) -> None:
+        out: list[str] = []
+        t = threading.Thread(target=lambda: out.append(self._proc.stdout.readline()), daemon=True)
+        t.start()
+        t.join(timeout)
+        assert out, "no first event of the held stream"
+        if out[0].strip() != "first":
+            self._reply = Reply(**json.loads(out[0])) if out[0].strip() else None
+            raise AssertionError(f"the held stream ended at its first event: {self._reply}")
+
+    def release(self) -> None:
+        if self._proc.stdin and not self._proc.stdin.closed:
+            with contextlib.suppress(BrokenPipeError):
+                self._proc.stdin.write("go\n")
+                self._proc.stdin.close()
+
+    def result(self, timeout: float = 180) -> Reply:
+        if self._reply is not None:
+            return self._reply
+        self.release()
+        self._proc.stdin = None  # released: communicate() only reads what is left
+        try:
+            rest, _ = self._proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.communicate()
+            raise AssertionError("the held stream did not end in time")
+        lines = [l for l in rest.splitlines() if l.strip() and l.strip() != "first"]
+        assert lines, f"the held stream's client printed nothing (exit {self._proc.returncode})"
+        self._reply = Reply(**json.loads(lines[-1]))
+        return self._reply
+
+
+def _held_stream_main() -> None:
+    """The held stream's client process: `first` on stdout after the first event, then it waits for
+    a line on stdin, reads the rest and prints the Reply as JSON."""
+    base, model, rid, max_tokens, served, timeout = sys.argv[1:7]
+    host, port = base.removeprefix("http://").rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=float(timeout))
+    body = json.dumps({"model": served, "prompt": "hi", "max_tokens": int(max_tokens), "stream": True,
+                       "user": rid, "ignore_eos": True}).encode()
+    chunks: list[str] = []
+    status, reply = 0, None
+    try:
+        conn.request("POST", f"/{model}/v1/completions", body, {"Content-Type": "application/json"})
+        r = conn.getresponse()
+        status = r.status
+        while not chunks:  # up to the first event, line by line
+            raw = r.readline()
+            if not raw:
+                break
+            line = raw.decode(errors="replace").strip()
+            if line.startswith("data: ") and line != "data: [DONE]":
+                chunks.append(json.loads(line[6:])["choices"][0]["text"])
+        if chunks:
+            print("first", flush=True)
+            sys.stdin.readline()
+        # The rest in one read (reading thousands of events line by line took seconds of CPU here).
+        events = [l[6:] for l in r.read().decode(errors="replace").splitlines() if l.startswith("data: ")]
+        done = bool(events) and events[-1] == "[DONE]"
+        chunks += [json.loads(ev)["choices"][0]["text"] for ev in events if ev != "[DONE]"]
+        reply = Reply(status, chunks, [], done, None if done else "the stream ended without [DONE]")
+    except Exception as e:  # a cut stream: what arrived so far, and why it stopped
+        reply = Reply(status, chunks, [], False, repr(e))
+    finally:
+        conn.close()
+    print(json.dumps(reply.__dict__), flush=True)
 
 
 def journal(tmp: Path) -> list[dict[str, Any]]:

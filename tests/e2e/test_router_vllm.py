@@ -19,19 +19,10 @@ from components.router.haproxy_cfg import Route
 from runtime import agent_check
 from tests.e2e import engines
 from tests.e2e.project import local_args
-from tests.router_harness import NODE, Replica, complete, free_port, needs_haproxy, slices_for, start_router
+from tests.router_harness import NODE, HeldStream, Replica, complete, free_port, needs_haproxy, slices_for, start_router
 
 pytestmark = needs_haproxy
 SUCCESS = re.compile(r'^vllm:request_success_total\{[^}]*\} ([0-9.e+]+)$', re.M)
-
-
-RUNNING = re.compile(r'^vllm:num_requests_running\{[^}]*\} ([0-9.e+]+)$', re.M)
-
-
-def running(srv: engines.VllmServer) -> float:
-    status, body = engines.http_get(f"{srv.url}/metrics", 5)
-    assert status == 200
-    return sum(float(v) for v in RUNNING.findall(body.decode()))
 
 
 def finished(srv: engines.VllmServer) -> float:
@@ -80,28 +71,44 @@ def agents():
     stop.set()
 
 
+def hold_on_primary(r, p: engines.VllmServer, model) -> tuple[HeldStream, list[int]]:
+    """A stream in flight on the primary, held there: the primary's workers are paused (SIGSTOP)
+    before it is sent, so the engine core schedules it and its first step waits, as on a replica
+    too busy to finish a step. Returns the stream and the paused pids (`resume_workers`).
+
+    Why a pause: the tiny model generates 4,000 tokens in about 0.15 s here and loopback's socket
+    buffers take the whole stream, so no request holds a slot on its own; a fixed sleep, a poll of
+    vLLM's /metrics (slow while it streams) and a pause at the first event all let the stream end
+    before the test went on. The hold is read from HAProxy (the primary has the session), and one
+    second more lets the request reach the engine core (an in-memory hop of milliseconds)."""
+    paused = p.pause_workers()
+    try:
+        long = HeldStream(r.url, "m", "long", 4000, model.served_name)
+        deadline = time.monotonic() + 30
+        while r.servers("m")["primary"].sessions < 1:
+            assert time.monotonic() < deadline, f"the long stream never reached the primary: {r.servers('m')}"
+            time.sleep(0.02)
+        time.sleep(1.0)
+    except BaseException:
+        p.resume_workers(paused)
+        raise
+    return long, paused
+
+
 def test_overflow_past_the_cap_goes_to_economy(pair, model, tmp_path, agents):
     p, e = pair
     r = router_for(tmp_path, pair, 1, *agents)
     try:
-        p0, e0 = finished(p), finished(e)
-        out: dict = {}
-        t = threading.Thread(target=lambda: out.update(long=complete(r.url, "m", "long", 2000, 120, model.served_name)))
-        t.start()
-        # The long stream must hold the primary's only slot when the short one arrives: wait until
-        # vLLM itself runs it (a fixed sleep raced the tiny model, which can finish 2,000 tokens in
-        # about a second on an idle machine), and until the primary's agent reports it full.
-        deadline = time.monotonic() + 30
-        while running(p) < 1 or "long" in out:
-            assert "long" not in out, f"the long stream ended before the primary was seen busy: {out['long']}"
-            assert time.monotonic() < deadline, "the long stream never reached the primary"
-            time.sleep(0.02)
-        time.sleep(0.3)  # three agent polls (interval_s 0.1): every router has the full report
-        assert "long" not in out, "the long stream ended before the short one was sent; lengthen it"
-        short = complete(r.url, "m", "short", 4, 60, model.served_name)
-        t.join(120)
+        long, paused = hold_on_primary(r, p, model)
+        try:
+            p0, e0 = finished(p), finished(e)  # the held stream is not counted until it ends
+            short = complete(r.url, "m", "short", 4, 60, model.served_name)
+            assert r.servers("m")["primary"].sessions >= 1, "the long stream held the primary throughout"
+        finally:
+            p.resume_workers(paused)
+            res = long.result()
         assert short.status == 200 and short.done, short
-        assert out["long"].status == 200 and out["long"].done, out["long"]
+        assert res.status == 200 and res.done, res
         assert finished(p) - p0 == 1 and finished(e) - e0 == 1, "long on the primary, the overflow on economy"
     finally:
         r.close()
@@ -113,25 +120,27 @@ def test_sigterm_drain_finishes_the_stream_and_new_requests_succeed_elsewhere(pa
     r = router_for(tmp_path, pair, 8, *agents)
     try:
         e0 = finished(e)
-        out: dict = {}
-        t = threading.Thread(target=lambda: out.update(long=complete(r.url, "m", "long", 2000, 180, model.served_name)))
-        t.start()
-        time.sleep(1.0)
-        # The preStop's order: the drain flag first (the agent says `drain`), then, after the settle
-        # (>= one agent interval, a config rule), the kubelet's SIGTERM. The endpoint is still listed
-        # as ready throughout: only the agent takes the replica out.
-        drains["primary"].set()
-        end = time.monotonic() + 10
-        while time.monotonic() < end and not r.servers("m")["primary"].admin & 0x08:
-            time.sleep(0.05)
-        assert r.servers("m")["primary"].admin & 0x08, "every router drains the replica within an agent interval"
-        p.sigterm()
-        time.sleep(0.5)
+        long, paused = hold_on_primary(r, p, model)
+        try:
+            # The preStop's order: the drain flag first (the agent says `drain`), then, after the settle
+            # (>= one agent interval, a config rule), the kubelet's SIGTERM. The endpoint is still listed
+            # as ready throughout: only the agent takes the replica out.
+            drains["primary"].set()
+            end = time.monotonic() + 10
+            while time.monotonic() < end and not r.servers("m")["primary"].admin & 0x08:
+                time.sleep(0.05)
+            assert r.servers("m")["primary"].admin & 0x08, "every router drains the replica within an agent interval"
+            assert r.servers("m")["primary"].sessions >= 1, "the long stream is in flight when the kubelet's SIGTERM comes"
+            p.sigterm()
+            time.sleep(0.5)
+        finally:
+            p.resume_workers(paused)  # the engine core drains what it runs (--shutdown-timeout)
+        long.release()
         assert engines.http_get(f"{p.url}/health", 5)[0] == 200, "vLLM's /health stays 200 while draining"
         new = [complete(r.url, "m", f"n{i}", 4, 60, model.served_name) for i in range(3)]
-        t.join(180)
+        res = long.result()
         assert all(x.status == 200 and x.done for x in new), new
-        assert out["long"].status == 200 and out["long"].done, "the in-flight stream finished on the draining primary"
+        assert res.status == 200 and res.done, f"the in-flight stream finished on the draining primary: {res}"
         assert finished(e) - e0 == 3, "every new request was served by the economy server"
         assert p.wait_exit(90) is not None, "the primary exited after its stream"
     finally:
