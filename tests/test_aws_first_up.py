@@ -4,6 +4,7 @@ the CNI guard, through the whole program under mocks."""
 from __future__ import annotations
 
 import copy
+import threading
 
 import pytest
 
@@ -123,11 +124,25 @@ def test_without_credentials_the_guard_names_what_is_missing_and_gcp_is_not_held
     """A Pulumi program still ends at its first error, but nothing of GCP waits for the AWS guard:
     GCP resources register while it runs (before, the default provider's region/credential error
     ended the program before anything registered)."""
+    gcp_registered = threading.Event()
+    outputs_of = mock_outputs.resource_outputs
+
+    def recording(typ, name, inputs):
+        if typ == "gcp:compute/network:Network":
+            gcp_registered.set()
+        return outputs_of(typ, name, inputs)
+
     def no_credentials(args):
         assert args.get("region") == "us-east-1", args  # the cluster's region, from config
+        # The refusal comes once GCP has registered (the engine runs invokes and registrations on
+        # its own threads): the program ends at its first error, so a refusal that came first
+        # would end it before GCP, whether or not GCP waits. If GCP waited for this guard it never
+        # registers, and the refusal comes after the timeout.
+        gcp_registered.wait(20)
         # The provider refuses the invoke (a failure in the response, as the engine reports it).
         return {}, [("", "No valid credential sources found")]
 
+    monkeypatch.setattr(mock_outputs, "resource_outputs", recording)
     monkeypatch.setitem(mock_outputs.CALL_OUTPUTS, "aws:eks/getClusters:getClusters", no_credentials)
     run = run_program("prod", raise_errors=False)
     message = str(run.error)
