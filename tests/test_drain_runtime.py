@@ -151,7 +151,9 @@ class FakeVllm:
         return asyncio.run_coroutine_threadsafe(all_(), self.loop)
 
     def close(self) -> None:
-        self.server.close()
+        # On the loop's own thread (asyncio is not thread-safe: closing the server from the test's
+        # thread raced its accept loop once in a full run), then the loop stops.
+        self.loop.call_soon_threadsafe(self.server.close)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(5)
 
