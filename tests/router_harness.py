@@ -263,9 +263,10 @@ def complete(base: str, model: str, rid: str, max_tokens: int = 5, timeout: floa
 
 
 class HeldStream:
-    """A streaming completion whose client says when the first event arrived (`wait_first`) and
-    then reads nothing more until `release()`: the moment a test acts on a stream that is surely
-    in flight (the e2e tier pauses the replica's engine there).
+    """A streaming completion whose client reads the first event, then nothing more until
+    `release()` (or `result()`): a stream a test keeps open across its steps. What holds the
+    replica is the test's business (the e2e tier pauses the replica's workers before sending);
+    whether it held is read from HAProxy.
 
     The client is its own process, as a real client is: reading a long stream line by line in a
     thread of the test's process held the GIL for seconds at a time, starving the agent responders
@@ -278,16 +279,6 @@ class HeldStream:
              base, model, rid, str(max_tokens), served, str(timeout)],
             cwd=str(Path(__file__).resolve().parent.parent), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self._reply: Optional[Reply] = None
-
-    def wait_first(self, timeout: float = 30) -> None:
-        out: list[str] = []
-        t = threading.Thread(target=lambda: out.append(self._proc.stdout.readline()), daemon=True)
-        t.start()
-        t.join(timeout)
-        assert out, "no first event of the held stream"
-        if out[0].strip() != "first":
-            self._reply = Reply(**json.loads(out[0])) if out[0].strip() else None
-            raise AssertionError(f"the held stream ended at its first event: {self._reply}")
 
     def release(self) -> None:
         if self._proc.stdin and not self._proc.stdin.closed:
@@ -313,8 +304,8 @@ class HeldStream:
 
 
 def _held_stream_main() -> None:
-    """The held stream's client process: `first` on stdout after the first event, then it waits for
-    a line on stdin, reads the rest and prints the Reply as JSON."""
+    """The held stream's client process: after the first event it says `first` on stdout and waits
+    for a line on stdin, then reads the rest and prints the Reply as JSON."""
     base, model, rid, max_tokens, served, timeout = sys.argv[1:7]
     host, port = base.removeprefix("http://").rsplit(":", 1)
     conn = http.client.HTTPConnection(host, int(port), timeout=float(timeout))
