@@ -26,10 +26,12 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
+
+from tests.fake_http import events_matching, send_json, serve
 
 ROOT = Path(__file__).resolve().parent.parent
 DRAIN = ROOT / "runtime" / "drain.py"
@@ -193,29 +195,16 @@ class FakeApi:
                 if u.path == "/api/v1/nodes/n":
                     return self._send(200, api.node)
                 if u.path == "/api/v1/namespaces/default/events":
-                    sel = urllib.parse.parse_qs(u.query).get("fieldSelector", [""])[0]
-                    want = dict(kv.split("=", 1) for kv in sel.split(",") if kv)
-                    items = [e for e in api.events
-                             if all((e.get("involvedObject", {}).get(k.split(".", 1)[1]) if k.startswith("involvedObject.")
-                                     else e.get(k)) == v for k, v in want.items())]
-                    return self._send(200, {"items": items})
+                    return self._send(200, {"items": events_matching(api.events, u.query)})
                 self._send(404, {})
 
             def _send(self, code: int, doc: dict) -> None:
-                body = json.dumps(doc).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+                send_json(self, code, doc)
 
             def log_message(self, *a):
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.server, self.url = serve(Handler)
 
     # what each platform does to the objects
     def karpenter_interruption(self) -> None:

@@ -6,13 +6,14 @@ runs (vLLM, the preStop, the sidecar) are real (tests/e2e/test_drain.py).
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 import urllib.parse
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any, Callable, Optional
+
+from tests.fake_http import events_matching, send_json, serve
 
 NAMESPACE = "serving"
 NODE = "ip-10-0-1-23.ec2.internal"
@@ -55,27 +56,15 @@ class FakeApi:
                     elif call == "node" and parts[-1] == NODE:
                         doc = api.node
                     elif call == "events":
-                        sel = urllib.parse.parse_qs(u.query).get("fieldSelector", [""])[0]
-                        want = dict(kv.split("=", 1) for kv in sel.split(",") if kv)
-                        doc = {"items": [e for e in api.events if all(
-                            (e["involvedObject"].get(k.split(".", 1)[1]) if k.startswith("involvedObject.") else e.get(k)) == v
-                            for k, v in want.items())]}
+                        doc = {"items": events_matching(api.events, u.query)}
                     else:
                         code, doc = 404, {"kind": "Status", "code": 404}
-                    body = json.dumps(doc).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+                send_json(self, code, doc)
 
             def log_message(self, *a):
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.server, self.url = serve(Handler)
 
     def _spot_event(self, uid: str) -> dict[str, Any]:
         return {"metadata": {"name": f"spot-{uid}", "namespace": "default"}, "reason": "SpotInterrupted",
