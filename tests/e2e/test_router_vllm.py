@@ -133,11 +133,15 @@ def test_sigterm_drain_finishes_the_stream_and_new_requests_succeed_elsewhere(pa
             assert r.servers("m")["primary"].sessions >= 1, "the long stream is in flight when the kubelet's SIGTERM comes"
             p.sigterm()
             time.sleep(0.5)
+            assert engines.http_get(f"{p.url}/health", 5)[0] == 200, "vLLM's /health stays 200 while draining"
+            # New requests while the primary still holds its stream. Its workers stay paused until
+            # they are served: resumed earlier, the primary's 4,000 tokens and their client took
+            # this 2-core machine from the economy server, whose agent then read a waiting request
+            # (weight 0: saturated) and the overflow got 503 (one full run in three). On a cluster
+            # the two replicas have their own nodes.
+            new = [complete(r.url, "m", f"n{i}", 4, 60, model.served_name) for i in range(3)]
         finally:
             p.resume_workers(paused)  # the engine core drains what it runs (--shutdown-timeout)
-        long.release()
-        assert engines.http_get(f"{p.url}/health", 5)[0] == 200, "vLLM's /health stays 200 while draining"
-        new = [complete(r.url, "m", f"n{i}", 4, 60, model.served_name) for i in range(3)]
         res = long.result()
         assert all(x.status == 200 and x.done for x in new), new
         assert res.status == 200 and res.done, f"the in-flight stream finished on the draining primary: {res}"
