@@ -25,8 +25,8 @@ only its owner may replace or remove it), world-readable, and the sidecar (uid 6
 it. Why the pod drains is the sidecar's own state, read from the API (disruption.py) and exported
 as `gpuinfra_drain_in_progress{reason}`.
 
-Usage:  drain.py watch     (the sidecar)
-        drain.py prestop   (the vLLM container's preStop hook)
+Usage:  drain.py prestop   (the vLLM container's preStop hook)
+        sidecar.py         (the sidecar, from the runtime image)
 Settings come from the environment (see `Settings`).
 """
 
@@ -36,7 +36,6 @@ import json
 import logging
 import math
 import os
-import signal
 import sys
 import threading
 import time
@@ -44,8 +43,12 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Optional
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import deadline_http  # noqa: E402 - shipped beside this file
+# Sibling modules: as `runtime.drain` in the tests and the mutation gate, as a file beside them in the
+# image and in the preStop hook's volume (`python3 <dir>/drain.py`, whose folder is then on sys.path).
+if __package__:
+    from . import deadline_http
+else:
+    import deadline_http
 
 log = logging.getLogger("gpuinfra.drain")
 
@@ -80,7 +83,11 @@ class Settings:
         timeout = float(e.get("HTTP_TIMEOUT_S", "2"))
         api = None
         if with_api and e.get("POD_NAME") and e.get("NODE_NAME"):
-            import disruption  # the sidecar's image has the kubernetes client; the preStop needs none
+            # Imported here: the sidecar's image has the kubernetes client; the preStop needs none.
+            if __package__:
+                from . import disruption
+            else:
+                import disruption
 
             ca = e.get("KUBE_CA_PATH", f"{SA_DIR}/ca.crt")
             api = disruption.Api(
@@ -270,17 +277,10 @@ def prestop(s: Settings) -> int:
 def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s drain %(levelname)s %(message)s")
-    if len(argv) != 2 or argv[1] not in ("watch", "prestop"):
+    if argv[1:] != ["prestop"]:
         print(__doc__, file=sys.stderr)
         return 2
-    if argv[1] == "prestop":
-        return prestop(Settings.from_env(with_api=False))
-    import sidecar  # noqa: PLC0415 - the sidecar's imports (kubernetes, prometheus_client) stay out of the hook
-
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    return sidecar.watch(Settings.from_env(), stop)
+    return prestop(Settings.from_env(with_api=False))
 
 
 if __name__ == "__main__":

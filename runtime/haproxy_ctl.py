@@ -28,9 +28,14 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Optional
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import haproxy_api as hx  # noqa: E402 - shipped beside this file
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest  # noqa: E402
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+
+# The sibling module: as `runtime.haproxy_ctl` in the tests and the mutation gate, as a file beside it
+# in the image (`python3 /opt/gpuinfra/runtime/haproxy_ctl.py`, whose folder is then on sys.path).
+if __package__:
+    from . import haproxy_api as hx
+else:
+    import haproxy_api as hx
 
 log = logging.getLogger("gpuinfra.router")
 

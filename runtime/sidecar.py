@@ -1,4 +1,4 @@
-"""The drain sidecar (`drain.py watch`): the pod's readiness gate, vLLM's load, the drain's reason.
+"""The drain sidecar (`sidecar.py`, from the runtime image): the pod's readiness gate, vLLM's load, the drain's reason.
 
 Every `poll_interval_s` it scrapes vLLM's /metrics once (`drain.scrape_load`) and reads the drain
 flag; `/ready` is 503 while the flag belongs to the running vLLM process (drain.flag_is_current),
@@ -12,6 +12,8 @@ after the preStop started) and exports `gpuinfra_drain_in_progress{reason}` and,
 from __future__ import annotations
 
 import logging
+import signal
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -21,9 +23,14 @@ from typing import Optional
 from prometheus_client import CollectorRegistry, Counter, Gauge, disable_created_metrics, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-import agent_check
-import disruption
-import drain
+# Sibling modules: as `runtime.sidecar` in the tests and the mutation gate, as files beside it in the
+# image (`python3 /opt/gpuinfra/runtime/sidecar.py`, whose folder is then on sys.path).
+if __package__:
+    from . import agent_check, disruption, drain
+else:
+    import agent_check
+    import disruption
+    import drain
 
 log = logging.getLogger("gpuinfra.drain")
 disable_created_metrics()  # no `_created` series beside each counter: nothing queries them
@@ -177,3 +184,16 @@ def watch(s: drain.Settings, stop: Optional[threading.Event] = None) -> int:
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+def main() -> int:
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s drain %(levelname)s %(message)s")
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    return watch(drain.Settings.from_env(), stop)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

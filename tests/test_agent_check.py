@@ -5,20 +5,14 @@ answering on a real socket from vLLM-like metrics."""
 from __future__ import annotations
 
 import socket
-import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 import pytest
 
 from runtime import agent_check as ac
-
-RUNTIME = Path(__file__).resolve().parent.parent / "runtime"
-sys.path.insert(0, str(RUNTIME))
-import drain  # noqa: E402  (the sidecar's modules import each other by file name, as in the image)
-import sidecar  # noqa: E402
+from runtime import drain, sidecar
 
 T = ac.Thresholds(max_num_seqs=8, launch_latency_s=0.001, backpressure_ratio=0.2, pressure_factor=0.5)
 

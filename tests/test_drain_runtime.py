@@ -31,15 +31,14 @@ from pathlib import Path
 
 import pytest
 
+from runtime import deadline_http, disruption
+from runtime import drain as drain_mod
+from runtime import sidecar as sidecar_mod
 from tests.fake_http import events_matching, send_json, serve
 
 ROOT = Path(__file__).resolve().parent.parent
 DRAIN = ROOT / "runtime" / "drain.py"
-sys.path.insert(0, str(DRAIN.parent))
-import deadline_http  # noqa: E402  (the runtime is the runtime image's scripts, not a package)
-import disruption  # noqa: E402
-import drain as drain_mod  # noqa: E402
-import sidecar as sidecar_mod  # noqa: E402
+"""Run as a file, as the image and the preStop hook run it."""
 
 STREAMS = 200
 
@@ -287,7 +286,7 @@ def wait_for(pred, timeout: float, step: float = 0.02):
 
 
 def start_sidecar(env: dict[str, str]) -> tuple[subprocess.Popen, str]:
-    p = subprocess.Popen([sys.executable, str(DRAIN), "watch"], env=env,
+    p = subprocess.Popen([sys.executable, str(ROOT / "runtime" / "sidecar.py")], env=env,
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     ready = f"http://127.0.0.1:{env['READY_PORT']}"
     assert wait_for(lambda: get(f"{ready}/ready")[0] == 200, 10), "sidecar never became ready"

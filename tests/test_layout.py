@@ -31,13 +31,19 @@ def _modules() -> dict[str, Path]:
 
 
 def _imports(path: Path, known: set[str]) -> set[str]:
-    """The project modules `path` imports, anywhere in the file."""
+    """The project modules `path` imports, anywhere in the file; `from . import x` is resolved
+    against the module's own package."""
     out: set[str] = set()
+    package = _module_name(path) if path.name == "__init__.py" else _module_name(path).rpartition(".")[0]
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and (node.module or node.level):
+            base = node.module or ""
+            if node.level:
+                parent = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1])
+                base = ".".join(p for p in (parent, base) if p)
+            names = [base] + [f"{base}.{a.name}" for a in node.names]
         else:
             continue
         for name in names:
@@ -92,6 +98,13 @@ def import_graph_fresh() -> dict[str, set[str]]:
     return {k: set(v) for k, v in json.loads(out.stdout).items()}
 
 
+def test_relative_imports_are_edges():
+    """The runtime's modules import their siblings relatively (as a package); the graph sees them."""
+    graph = import_graph_fresh()
+    assert {"runtime.agent_check", "runtime.disruption", "runtime.drain"} <= graph["runtime.sidecar"]
+    assert "runtime.haproxy_api" in graph["runtime.haproxy_ctl"]
+
+
 def test_no_import_cycles():
     graph = import_graph_fresh()
     assert "gpuinfra_contract.model" in graph and "components.stack_config" in graph
@@ -114,6 +127,59 @@ def test_each_domain_has_its_config_model():
 def test_no_module_over_the_size_bound():
     big = {str(p.relative_to(ROOT)): n for p in _modules().values() if (n := len(p.read_text().splitlines())) > MAX_LINES}
     assert not big, f"split these modules (over {MAX_LINES} lines): {big}"
+
+
+RUNTIME_ENTRY_POINTS = ("sidecar.py", "haproxy_ctl.py", "prewarm.py", "drain.py")
+"""The files the stack's pods run: `python3 /opt/gpuinfra/runtime/<file>` (components/serving/pod_spec.py,
+components/router/specs.py)."""
+
+
+@pytest.mark.parametrize("entry", RUNTIME_ENTRY_POINTS)
+def test_runtime_runs_as_files_and_imports_as_a_package(entry: str, tmp_path: Path):
+    """The runtime image copies `runtime/*.py` into one folder and runs them as files (runtime/Dockerfile);
+    the tests and the mutation gate import them as `runtime.<module>` (issue 39). Both must work, and the
+    preStop hook's files must import alone in a folder of their own, as the sidecar installs them."""
+    from components.serving.pod_spec import HOOK_FILES
+
+    image_dir = tmp_path / "image"
+    image_dir.mkdir()
+    for f in (ROOT / "runtime").glob("*.py"):
+        if f.name != "__init__.py":
+            (image_dir / f.name).write_bytes(f.read_bytes())
+    name = entry.removesuffix(".py")
+    for cwd, code in ((tmp_path, f"import sys; sys.path.insert(0, {str(image_dir)!r}); import {name}"),
+                      (ROOT, f"import runtime.{name}")):
+        r = subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, f"{entry} from {cwd}: {r.stderr[-800:]}"
+    hook_dir = tmp_path / "hook"
+    hook_dir.mkdir()
+    for f in HOOK_FILES:
+        (hook_dir / f).write_bytes((ROOT / "runtime" / f).read_bytes())
+    r = subprocess.run([sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {str(hook_dir)!r}); import drain"],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr[-800:]
+
+
+def test_runtime_siblings_are_imported_both_ways():
+    """A bare `import <sibling>` works only when run as a file, a relative one only as a package: each
+    runtime module imports its siblings under `if __package__:` (relative) / `else:` (bare), anywhere in
+    the file (lazy imports included), so neither way of running it meets an import it cannot resolve."""
+    siblings = {p.stem for p in (ROOT / "runtime").glob("*.py")}
+    bad = []
+    for path in (ROOT / "runtime").glob("*.py"):
+        tree = ast.parse(path.read_text())
+        guarded: set[int] = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "__package__":
+                if all(isinstance(n, ast.ImportFrom) and n.level == 1 for n in node.body) and \
+                        all(isinstance(n, ast.Import) for n in node.orelse):
+                    guarded |= {id(n) for n in (*node.body, *node.orelse)}
+        for node in ast.walk(tree):
+            sibling = (isinstance(node, ast.Import) and any(a.name in siblings for a in node.names)) or \
+                      (isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").split(".")[0] == "runtime"))
+            if sibling and id(node) not in guarded:
+                bad.append(f"{path.name}:{node.lineno}")
+    assert not bad, f"unguarded sibling imports: {bad}"
 
 
 def test_main_stays_short():

@@ -84,7 +84,7 @@ def test_the_prestop_hook_runs_the_code_the_sidecar_installs():
     script = sidecar["command"][-1]
     for f in HOOK_FILES:
         assert f"{IMAGE_RUNTIME_DIR}/{f}" in script
-    assert script.endswith(f"exec python3 {IMAGE_RUNTIME_DIR}/drain.py watch")
+    assert script.endswith(f"exec python3 {IMAGE_RUNTIME_DIR}/sidecar.py")
     assert vllm["lifecycle"]["preStop"]["exec"]["command"] == ["python3", f"{HOOK_DIR}/drain.py", "prestop"]
     drain_mounts = {c["name"]: [m["mountPath"] for m in c["volumeMounts"] if m["name"] == "drain"] for c in (sidecar, vllm)}
     assert all(HOOK_DIR.startswith(p[0] + "/") for p in drain_mounts.values()), drain_mounts

@@ -281,7 +281,7 @@ def hook_install_command() -> str:
     files = " ".join(f"{IMAGE_RUNTIME_DIR}/{f}" for f in HOOK_FILES)
     tmp = f"{HOOK_DIR}.tmp"
     return (f"rm -rf {tmp} && mkdir -p {tmp} && cp {files} {tmp}/ && rm -rf {HOOK_DIR} && mv {tmp} {HOOK_DIR} "
-            f"&& exec python3 {IMAGE_RUNTIME_DIR}/drain.py watch")
+            f"&& exec python3 {IMAGE_RUNTIME_DIR}/sidecar.py")
 
 
 def drain_sidecar(m: ModelConfig, runtime_image: Any) -> dict[str, Any]:

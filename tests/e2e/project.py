@@ -20,6 +20,7 @@ from components.serving.vllm_args import HOST, parse_args
 from tools.offline import ROOT, run_program, stack_config
 
 DRAIN_PY = ROOT / "runtime" / "drain.py"
+SIDECAR_PY = ROOT / "runtime" / "sidecar.py"
 BPF_DIR = ROOT / "bpf"
 E2E_STACK = "dev"
 """The stack whose model the tier serves: one 8B model on one GPU, whose flags all exist on CPU."""

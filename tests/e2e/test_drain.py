@@ -38,7 +38,7 @@ import pytest
 from components.serving.budget import VLLM_EXIT_S
 from tests.e2e import engines, sse
 from tests.e2e.kube import NAMESPACE, NODE, FakeApi, KarpenterDrain
-from tests.e2e.project import DRAIN_PY, RenderedPod, local_args, rendered_spot_pod
+from tests.e2e.project import DRAIN_PY, SIDECAR_PY, RenderedPod, local_args, rendered_spot_pod
 
 STRAGGLERS = 16
 LATE = 8
@@ -110,7 +110,7 @@ class Replica:
                             "POD_NAMESPACE": NAMESPACE, "NODE_NAME": NODE}
         self.ready_url = f"http://127.0.0.1:{self.ready_port}/ready"
         self.metrics_url = f"http://127.0.0.1:{self.ready_port}/metrics"
-        self.sidecar = subprocess.Popen(self._as(rp.sidecar_user) + [sys.executable, str(DRAIN_PY), "watch"],
+        self.sidecar = subprocess.Popen(self._as(rp.sidecar_user) + [sys.executable, str(SIDECAR_PY)],
                                         env=self.sidecar_env, start_new_session=True,
                                         stdout=open(self.dir / "sidecar.log", "wb"), stderr=subprocess.STDOUT)
         self.srv = None

@@ -24,7 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2e import engines, sse
 from tests.e2e.kube import NAMESPACE, NODE, FakeApi
-from tests.e2e.project import CUDA_METRIC, DRAIN_METRIC, DRAIN_PY, committed_rules, grouping_labels, selectors
+from tests.e2e.project import CUDA_METRIC, DRAIN_METRIC, SIDECAR_PY, committed_rules, grouping_labels, selectors
 
 TARGET_LABELS = {"namespace", "service", "pod", "container", "endpoint", "job", "instance"}
 EBPF_METRICS = {f"{CUDA_METRIC}_bucket", "ebpf_tcp_send_backpressure_total", "ebpf_tcp_send_samples_total"}
@@ -62,7 +62,7 @@ def loaded(server, model):
 
 @pytest.fixture(scope="module")
 def sidecar_samples(e2e, model, tmp_path_factory):
-    """The real drain sidecar (drain.py watch) with the rendered env, after a spot drain began:
+    """The real drain sidecar (sidecar.py) with the rendered env, after a spot drain began:
     the preStop's flag (drain.py `write_flag`'s format) and Karpenter's interruption in the API."""
     d = tmp_path_factory.mktemp("sidecar")
     port = engines.free_port()
@@ -78,7 +78,7 @@ def sidecar_samples(e2e, model, tmp_path_factory):
            "READY_PORT": str(port), "VLLM_METRICS_URL": "http://127.0.0.1:9/metrics", "KUBE_API": api.url,
            "KUBE_TOKEN_PATH": str(token), "KUBE_CA_PATH": "", "POD_NAME": "p", "POD_NAMESPACE": NAMESPACE,
            "NODE_NAME": NODE}
-    proc = subprocess.Popen([sys.executable, str(DRAIN_PY), "watch"], env=env, start_new_session=True,
+    proc = subprocess.Popen([sys.executable, str(SIDECAR_PY)], env=env, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 15
