@@ -15,13 +15,15 @@ from . import config, pins
 from .cgroups import CgroupGc, CgroupResolver, find_cgroup2_mount
 from .libbpf import route_log_to_logging
 from .metrics import AgentCollector
-from .programs import CudaLat, SockRedir, TcpBackpressure, Unit
+from .programs import CudaLat, TcpBackpressure, Unit
+from .sockredir import SockRedir
 
 BTF = "/sys/kernel/btf/vmlinux"
 
 log = logging.getLogger("agent")
 ALLOW_REFRESH_SECONDS = 10.0
-"""How often sockredir's allow-list follows new and deleted pod cgroups."""
+"""How often sockredir's allow-list follows new and deleted pod cgroups, and idle sockets whose
+pair went back to TCP leave the sockhash."""
 
 
 def build_units(s: config.Settings, cgroup_path: str) -> list[Unit]:
@@ -67,11 +69,12 @@ def main(argv: list[str] | None = None) -> int:
     route_log_to_logging()
     if s.uninstall:
         try:
-            returned = pins.uninstall(s.pin_dir)
-        except OSError as e:  # PinDirError, or a pinned map that cannot be opened or emptied
+            r = pins.uninstall(s.pin_dir, s.bpf_dir, deadline_s=s.uninstall_drain_seconds)
+        except OSError as e:  # PinDirError, or a map that cannot be opened or emptied
             log.error("uninstall %s: %s", s.pin_dir, e)
             return 1
-        log.info("returned %d sockets to TCP and removed the pins under %s", returned, s.pin_dir)
+        log.info("returned %d sockets to TCP (%d with unread redirected bytes) and removed the pins under %s",
+                 r.sockets, r.forced, s.pin_dir)
         return 0
     problem = preflight(s)
     if problem:
@@ -120,7 +123,10 @@ def main(argv: list[str] | None = None) -> int:
             now = time.monotonic()
             for u in units:
                 if isinstance(u, SockRedir) and u.loaded:
-                    u.refresh_allow(allow_resolver)  # pods come and go
+                    try:
+                        u.tick(allow_resolver)  # pods come and go; pairs go back to TCP
+                    except OSError as e:  # retried next time; metrics keep flowing
+                        log.warning("sockredir tick: %s", e)
             if now - last_rescan >= s.cuda_rescan_seconds:
                 last_rescan = now
                 for u in units:

@@ -51,9 +51,18 @@ _sig("bpf_map_get_next_key", ctypes.c_int, ctypes.c_int, _vp, _vp)
 _sig("libbpf_num_possible_cpus", ctypes.c_int)
 _sig("bpf_obj_get", ctypes.c_int, _cp)
 _sig("bpf_obj_get_info_by_fd", ctypes.c_int, ctypes.c_int, _vp, ctypes.POINTER(ctypes.c_uint32))
+_sig("bpf_program__attach_iter", _vp, _vp, _vp)
+_sig("bpf_program__attach_raw_tracepoint", _vp, _vp, _cp)
+_sig("bpf_link__fd", ctypes.c_int, _vp)
+_sig("bpf_iter_create", ctypes.c_int, ctypes.c_int)
+_sig("bpf_prog_get_next_id", ctypes.c_int, ctypes.c_uint32, ctypes.POINTER(ctypes.c_uint32))
+_sig("bpf_prog_get_fd_by_id", ctypes.c_int, ctypes.c_uint32)
+_sig("bpf_map_get_fd_by_id", ctypes.c_int, ctypes.c_uint32)
 
-# enum bpf_attach_type (include/uapi/linux/bpf.h)
+# enum bpf_attach_type, enum bpf_map_type (include/uapi/linux/bpf.h)
 BPF_SK_MSG_VERDICT = 7
+BPF_MAP_TYPE_HASH = 1
+BPF_MAP_TYPE_SOCKHASH = 18
 
 
 class BpfError(OSError):
@@ -74,6 +83,36 @@ class _UprobeOpts(ctypes.Structure):
         ("retprobe", ctypes.c_bool),
         ("func_name", ctypes.c_char_p),
     ]
+
+
+def loaded_programs() -> list[tuple[int, str, list[int]]]:
+    """(id, name, map ids) of every BPF program loaded on the host (needs CAP_SYS_ADMIN:
+    BPF_PROG_GET_NEXT_ID and BPF_PROG_GET_FD_BY_ID, kernel/bpf/syscall.c)."""
+    out, cur, nxt = [], 0, ctypes.c_uint32()
+    while _lib.bpf_prog_get_next_id(cur, ctypes.byref(nxt)) == 0:
+        cur = nxt.value
+        fd = _lib.bpf_prog_get_fd_by_id(cur)
+        if fd < 0:
+            continue  # unloaded meanwhile
+        try:
+            # struct bpf_prog_info: ... nr_map_ids at 52, map_ids (u64 pointer) at 56, name[16] at 64
+            info = ctypes.create_string_buffer(256)
+            size = ctypes.c_uint32(len(info))
+            if _lib.bpf_obj_get_info_by_fd(fd, info, ctypes.byref(size)):
+                continue
+            name = info.raw[64:80].split(b"\0", 1)[0].decode(errors="replace")
+            n = int.from_bytes(info.raw[52:56], "little")
+            ids = (ctypes.c_uint32 * max(n, 1))()
+            info = ctypes.create_string_buffer(256)
+            info[52:56] = n.to_bytes(4, "little")
+            info[56:64] = ctypes.addressof(ids).to_bytes(8, "little")
+            size = ctypes.c_uint32(len(info))
+            if _lib.bpf_obj_get_info_by_fd(fd, info, ctypes.byref(size)):
+                continue
+            out.append((cur, name, list(ids[:n])))
+        finally:
+            os.close(fd)
+    return out
 
 
 # libbpf's messages (verifier logs, attach errors) go to Python logging, not to raw stderr.
@@ -191,20 +230,41 @@ class Map:
 
 
 class PinnedMap:
-    """A map pinned in bpffs, opened by path (no object file needed): what --uninstall empties."""
+    """A map opened by its pin path or its id (no object file needed): what --uninstall empties."""
 
-    def __init__(self, path: str):
-        self.path = path
-        self.fd = _lib.bpf_obj_get(path.encode())
+    def __init__(self, path: str = "", map_id: int = 0):
+        self.path = path or f"map id {map_id}"
+        self.fd = _lib.bpf_obj_get(path.encode()) if path else _lib.bpf_map_get_fd_by_id(map_id)
         if self.fd < 0:
-            _raise(f"open pinned map {path}")
-        info = ctypes.create_string_buffer(128)  # struct bpf_map_info: type, id, key_size, ...
+            _raise(f"open {self.path}")
+        # struct bpf_map_info: type, id, key_size, value_size, max_entries, map_flags, name[16]
+        info = ctypes.create_string_buffer(128)
         size = ctypes.c_uint32(len(info))
         err = _lib.bpf_obj_get_info_by_fd(self.fd, info, ctypes.byref(size))
         if err:
             os.close(self.fd)
-            _raise(f"map info {path}", err)
+            _raise(f"map info {self.path}", err)
+        self.type = int.from_bytes(info.raw[0:4], "little")
+        self.id = int.from_bytes(info.raw[4:8], "little")
         self.key_size = int.from_bytes(info.raw[8:12], "little")
+        self.value_size = int.from_bytes(info.raw[12:16], "little")
+        self.name = info.raw[24:40].split(b"\0", 1)[0].decode()
+
+    def keys(self) -> list[bytes]:
+        out, cur, nxt = [], None, ctypes.create_string_buffer(self.key_size)
+        while _lib.bpf_map_get_next_key(self.fd, cur, nxt) == 0:
+            out.append(nxt.raw)
+            cur = ctypes.create_string_buffer(nxt.raw, self.key_size)
+        return out
+
+    def lookup(self, key: bytes) -> bytes | None:
+        vbuf = ctypes.create_string_buffer(self.value_size)
+        if _lib.bpf_map_lookup_elem(self.fd, ctypes.create_string_buffer(key, len(key)), vbuf):
+            return None
+        return vbuf.raw
+
+    def delete(self, key: bytes) -> bool:
+        return _lib.bpf_map_delete_elem(self.fd, ctypes.create_string_buffer(key, len(key))) == 0
 
     def clear(self) -> int:
         """Deletes every entry; returns how many went."""
@@ -248,6 +308,32 @@ class Program:
         finally:
             os.close(fd)
         return Link(self.name, ptr=ptr)
+
+    def attach_raw_tracepoint(self, name: str) -> Link:
+        ptr = _lib.bpf_program__attach_raw_tracepoint(self._ptr, name.encode())
+        if not ptr:
+            _raise(f"attach {self.name} to raw tracepoint {name}")
+        return Link(self.name, ptr=ptr)
+
+    def iterate(self) -> bytes:
+        """Runs an iterator program (iter/tcp, ...) once, in the calling thread's namespaces;
+        returns what it wrote (bpf_seq_write)."""
+        ptr = _lib.bpf_program__attach_iter(self._ptr, None)
+        if not ptr:
+            _raise(f"attach iterator {self.name}")
+        try:
+            fd = _lib.bpf_iter_create(_lib.bpf_link__fd(ptr))
+            if fd < 0:
+                _raise(f"iterate {self.name}", fd)
+            try:
+                chunks = []
+                while chunk := os.read(fd, 65536):
+                    chunks.append(chunk)
+                return b"".join(chunks)
+            finally:
+                os.close(fd)
+        finally:
+            _lib.bpf_link__destroy(ptr)
 
     def attach_to_map(self, m: Map, attach_type: int) -> Link:
         err = _lib.bpf_prog_attach(self.fd, m.fd, attach_type, 0)
