@@ -144,9 +144,10 @@ def sets_in_dir(path: str) -> list[MapSet]:
     return [MapSet(h, routes if i == 0 else [], path) for i, h in enumerate(hashes)]
 
 
-def find_sets(pin_dir: str) -> list[MapSet]:
+def find_sets(pin_dir: str, programs=loaded_programs) -> list[MapSet]:
     """Every sockredir sockhash: pinned under pin_dir, and used by a loaded sockredir_skmsg program
-    (found by id; without CAP_SYS_ADMIN only the pinned ones, with a warning)."""
+    (found by id; without CAP_SYS_ADMIN only the pinned ones, with a warning). `programs` lists
+    (id, name, map ids); tests narrow it to their own program, the host being shared."""
     sets: list[MapSet] = []
     if os.path.isdir(pin_dir):
         for d in sorted(os.listdir(pin_dir)):
@@ -154,12 +155,10 @@ def find_sets(pin_dir: str) -> list[MapSet]:
                 sets += sets_in_dir(os.path.join(pin_dir, d))
     seen = {s.sockhash.id for s in sets}
     try:
-        progs = loaded_programs()
+        progs = programs()
     except OSError as e:
         log.warning("cannot list loaded BPF programs (%s): only pinned sockhashes are found", e)
         progs = []
-    if not progs and os.geteuid() == 0:
-        log.debug("no BPF program listed")
     for prog_id, name, map_ids in progs:
         if name != SKMSG_PROG:
             continue

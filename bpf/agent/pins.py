@@ -117,8 +117,8 @@ def remove_stale(pin_dir: str, unit: str, keep: str) -> list[str]:
     return gone
 
 
-def uninstall(pin_dir: str, bpf_dir: str, deadline_s: float = 10.0,
-              grace: float | None = None) -> "drain.Returned":
+def uninstall(pin_dir: str, bpf_dir: str, deadline_s: float = 10.0, grace: float | None = None,
+              programs=None) -> "drain.Returned":
     """Every sockredir socket on the host back to TCP (agent/drain.py: pinned maps and, as root,
     maps no pin names any more), then every pin removed. The pin dir itself stays when it is a
     mount point (the DaemonSet mounts the agent's bpffs directory)."""
@@ -132,7 +132,7 @@ def uninstall(pin_dir: str, bpf_dir: str, deadline_s: float = 10.0,
             log.warning("drain iterator unavailable (%s): sockets are unlinked after the grace, unread "
                         "redirected bytes are lost", e)
             drainer = None
-        sets = drain.find_sets(pin_dir)
+        sets = drain.find_sets(pin_dir, programs or drain.loaded_programs)
         try:
             for s in sets:
                 log.info("sockredir sockhash %s: %d sockets", s.where, len(s.sockhash.keys()))

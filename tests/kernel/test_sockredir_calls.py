@@ -42,10 +42,12 @@ def _accelerated(moved: dict) -> None:
     assert moved.get("redirected", 0) >= 2, f"the accelerated run was never redirected: {moved}"
 
 
-def test_a_client_that_shut_down_its_writes_reads_the_whole_reply(unit, make_netns):
+@pytest.mark.parametrize("reply_first", [False, True], ids=["shutdown-then-reply", "reply-then-shutdown"])
+def test_a_client_that_shut_down_its_writes_reads_the_whole_reply(unit, make_netns, reply_first):
     """Half-close (issue 34, 1): the client sends its request and shutdown(SHUT_WR); the server
     replies and closes. The reply must not go with the client's socket when the server's FIN
-    closes it: 223 bytes, ten times out of ten."""
+    closes it (TCP_CLOSE): 223 bytes, ten times out of ten. Also when the reply was already
+    redirected, unread, before the client shut down."""
     def scenario(run):
         got = []
         lst = run.listener()
@@ -55,10 +57,13 @@ def test_a_client_that_shut_down_its_writes_reads_the_whole_reply(unit, make_net
                 s, _ = lst.accept()
                 with closing(c, s):
                     c.sendall(b"GET / HTTP/1.0\r\n\r\n")
-                    c.shutdown(socket.SHUT_WR)
                     assert recv_exactly(s, 18) == b"GET / HTTP/1.0\r\n\r\n"
+                    if reply_first:
+                        s.sendall(b"R" * 223)
+                    c.shutdown(socket.SHUT_WR)
                     assert recv_exactly(s, 1, timeout=5) == b"", "the server sees the client's FIN"
-                    s.sendall(b"R" * 223)
+                    if not reply_first:
+                        s.sendall(b"R" * 223)
                     s.close()
                     time.sleep(0.05)  # the FIN reaches the client and closes its socket first
                     got.append(recv_exactly(c, 1000, timeout=5))
@@ -67,6 +72,8 @@ def test_a_client_that_shut_down_its_writes_reads_the_whole_reply(unit, make_net
     plain, fast, moved = compare(unit, make_netns, scenario)
     assert plain == [b"R" * 223] * 10
     assert fast == plain, [len(g) for g in fast]
+    if reply_first:
+        assert moved.get("redirected", 0) >= 20, f"the replies were to be redirected: {moved}"
 
 
 def test_a_send_after_shutdown_fails_as_on_tcp(unit, make_netns):

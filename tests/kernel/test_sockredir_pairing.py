@@ -168,3 +168,86 @@ def test_a_simultaneous_open_never_pairs(bpf_build, test_cgroup, pin_dir, make_n
             assert unit.counters()["redirected"] == 0 and unit.counters()["not_handshake"] == 1, unit.counters()
     finally:
         unit.stop()
+
+
+def _checksum(data: bytes) -> int:
+    if len(data) % 2:
+        data += b"\0"
+    total = sum(struct.unpack(f"!{len(data) // 2}H", data))
+    while total >> 16:
+        total = (total & 0xFFFF) + (total >> 16)
+    return ~total & 0xFFFF
+
+
+def _segment(src: tuple[str, int], dst: tuple[str, int], seq: int, ack: int, flags: int, options: bytes = b"") -> bytes:
+    """An IPv4 packet holding one TCP segment, checksums filled in."""
+    doff = (20 + len(options)) // 4
+    tcp = struct.pack("!HHIIBBHHH", src[1], dst[1], seq, ack, doff << 4, flags, 65535, 0, 0) + options
+    pseudo = socket.inet_aton(src[0]) + socket.inet_aton(dst[0]) + struct.pack("!BBH", 0, socket.IPPROTO_TCP, len(tcp))
+    tcp = tcp[:16] + struct.pack("!H", _checksum(pseudo + tcp)) + tcp[18:]
+    ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(tcp), 0, 0x4000, 64, socket.IPPROTO_TCP, 0,
+                     socket.inet_aton(src[0]), socket.inet_aton(dst[0]))
+    return ip[:10] + struct.pack("!H", _checksum(ip)) + ip[12:] + tcp
+
+
+def test_a_forged_handshake_carrying_the_option_never_joins_a_clients_pair(pods, make_netns):  # noqa: F811
+    """The attacker controls every field of its segments (a raw socket in its own namespace): it
+    completes a handshake with its own listener from the victim's address and port, and its final
+    ACK carries the pairing option. All it cannot give is the victim's nonce, 64 random bits that
+    only the victim's own segments carry: its child socket stays unpaired."""
+    import os
+
+    p = pods
+    subprocess.run(["ip", "-n", p["client_ns"], "route", "add", "10.96.0.0/12", "via", p["server_ip"]],
+                   check=True, timeout=10)
+    _nft(p["client_ns"], "add table ip gpuinfra_kp",
+         "add chain ip gpuinfra_kp output { type nat hook output priority -100 ; }",
+         f"add rule ip gpuinfra_kp output ip daddr {CLUSTER_IP} tcp dport {SERVER_PORT} "
+         f"dnat to {p['server_ip']}:{SERVER_PORT}")
+    listener = p["sock"]("server", p["server_ns"])
+    listener.bind((p["server_ip"], SERVER_PORT))
+    listener.listen(8)
+    victim = p["sock"]("client", p["client_ns"])
+    victim.settimeout(10)
+    victim.connect((CLUSTER_IP, SERVER_PORT))  # its pending entry waits: the ClusterIP never pairs
+    real_server, _ = listener.accept()
+    p["socks"].append(real_server)
+    vport = victim.getsockname()[1]
+
+    ns = make_netns()
+    for addr in (p["client_ip"], CLUSTER_IP):
+        subprocess.run(["ip", "-n", ns, "addr", "add", f"{addr}/32", "dev", "lo"], check=True, timeout=10)
+    _nft(ns, "add table ip gpuinfra_forge",  # no RST from the victim's (absent) socket for the SYN-ACK
+         "add chain ip gpuinfra_forge output { type filter hook output priority 0 ; }",
+         "add rule ip gpuinfra_forge output tcp flags & rst == rst drop")
+    evil = p["sock"]("attacker", ns)
+    evil.bind((CLUSTER_IP, SERVER_PORT))
+    evil.listen(8)
+    with in_netns(f"/run/netns/{ns}"):
+        cap = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
+        raw = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW)
+    p["socks"] += [cap, raw]
+    cap.bind(("lo", 0))
+    cap.settimeout(5)
+    src, dst = (p["client_ip"], vport), (CLUSTER_IP, SERVER_PORT)
+    raw.sendto(_segment(src, dst, 1000, 0, 0x02), (CLUSTER_IP, 0))  # SYN
+    while True:  # the listener's SYN-ACK
+        frame = cap.recv(65536)
+        ip = frame[14:]
+        if frame[12:14] != b"\x08\x00" or ip[9] != socket.IPPROTO_TCP:
+            continue
+        tcp = ip[(ip[0] & 0x0F) * 4:]
+        if tcp[13] & 0x12 == 0x12 and struct.unpack("!H", tcp[2:4])[0] == vport:
+            server_isn = struct.unpack("!I", tcp[4:8])[0]
+            break
+    option = bytes([254, 12, 0x67, 0x70]) + os.urandom(8)  # kind, length, ExID, a guessed nonce
+    raw.sendto(_segment(src, dst, 1001, server_isn + 1, 0x10, option), (CLUSTER_IP, 0))
+    evil.settimeout(5)
+    child, peer = evil.accept()
+    p["socks"].append(child)
+    assert peer == src, "the attacker's child must have the victim's tuple swapped"
+
+    victim.sendall(SECRET)
+    assert recv_for(child, 1.0) == b"", "the attacker's forged handshake read the victim's request"
+    assert recv_for(real_server, 5) == SECRET, "the request must still reach its server over TCP"
+    assert p["unit"].counters()["unpaired"] >= 1, p["unit"].counters()
