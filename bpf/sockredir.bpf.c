@@ -35,9 +35,9 @@
  * when one direction streams (SOCKREDIR_STREAM_MSGS messages without a reply); or when an end
  * leaves the allow-list. Calls and options are seen at syscall entry (raw tracepoint sys_enter). The features, not the streams, are also
  * remembered per cgroup: that pod's later sockets are never inserted. Once a socket's pair is
- * TCP-only, its redirect queue is empty and SOCKREDIR_EVICT_GRACE_NS has passed, it leaves the
- * sockhash at its next RTT sample (the agent's drain iterator takes idle ones), and with it
- * tcp_bpf's socket calls.
+ * TCP-only, its redirect queue is empty and its peer's sk_msg has not run for
+ * SOCKREDIR_EVICT_GRACE_NS, it leaves the sockhash at its next RTT sample, and with it tcp_bpf's
+ * socket calls.
  *
  * A client whose server never pairs (a remote server, a kube-proxy ClusterIP whose DNAT the client
  * never sees) is evicted at its first RTT sample: its data went over TCP and was acknowledged.
@@ -332,8 +332,6 @@ static __always_inline void mark(struct sock_conn *c, __u32 bits, bool counted)
 	__u32 old = c->tcp_only;
 
 	c->tcp_only = old | bits;
-	if (!c->tcp_only_ns)
-		c->tcp_only_ns = bpf_ktime_get_ns();
 	if (counted)
 		count_reasons(bits & ~old);
 }
@@ -564,7 +562,6 @@ static __always_inline void server_established(struct bpf_sock_ops *skops)
 	cookie = bpf_get_socket_cookie(skops);
 	s.peer_cookie = cc;
 	s.tcp_only = client->tcp_only; /* the client went back to TCP before its server appeared */
-	s.tcp_only_ns = client->tcp_only_ns;
 	if (insert(skops, cookie, &s))
 		return;
 	client->peer_cookie = cookie;
@@ -576,7 +573,8 @@ static __always_inline void server_established(struct bpf_sock_ops *skops)
 /*
  * RTT_CB: an ACK for data the socket sent over TCP. An unpaired client leaves the sockhash: nothing
  * was ever redirected into it (only its peer could, and the peer was never inserted). A socket
- * whose pair went back to TCP leaves it once its redirect queue is empty and the grace has passed.
+ * whose pair went back to TCP leaves it once its redirect queue is empty and its peer's sk_msg has
+ * not run for the grace (a one-way stream's sender at once: its reader sends nothing).
  */
 static __always_inline void rtt_sample(struct bpf_sock_ops *skops)
 {
@@ -594,7 +592,7 @@ static __always_inline void rtt_sample(struct bpf_sock_ops *skops)
 		bpf_sock_ops_cb_flags_set(skops, 0);
 		return;
 	}
-	if (!c->tcp_only || !c->tcp_only_ns || bpf_ktime_get_ns() - c->tcp_only_ns < SOCKREDIR_EVICT_GRACE_NS)
+	if (!c->tcp_only || bpf_ktime_get_ns() - c->peer_sent_ns < SOCKREDIR_EVICT_GRACE_NS)
 		return;
 	if (!queue_empty((struct sock *)c->addr))
 		return;
@@ -872,6 +870,9 @@ int sockredir_skmsg(struct sk_msg_md *msg)
 		return pass(self, 0);
 	if (peer->peer_cookie != cookie || self->netns_cookie != bpf_get_netns_cookie(msg))
 		return pass(self, SOCKREDIR_PEER_MISMATCH);
+	/* Before tcp_only is read: the peer leaves the sockhash only once this is older than the
+	 * grace, so a redirect chosen below is never into a socket being unlinked. */
+	peer->peer_sent_ns = bpf_ktime_get_ns();
 	peer->streak = 0;
 	if (++self->streak > SOCKREDIR_STREAM_MSGS && !(self->tcp_only & BIT(SOCKREDIR_R_STREAM)))
 		mark_pair(self, BIT(SOCKREDIR_R_STREAM));

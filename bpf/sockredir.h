@@ -9,8 +9,8 @@
 /* A direction that sends more than this many messages while the other sends none is a stream:
  * the pair goes back to TCP (the default leaves streams alone: bench/README.md). */
 #define SOCKREDIR_STREAM_MSGS 4
-/* A socket leaves the sockhash (and gets TCP's own socket calls back) no sooner than this after
- * its pair went back to TCP: a peer's sendmsg that chose the redirect before that moment may
+/* A socket whose pair went back to TCP leaves the sockhash (and gets TCP's own socket calls back)
+ * no sooner than this after its peer's sk_msg last ran: a sendmsg that chose the redirect then may
  * still be on its way into this socket's queue, and unlinking would drop it. */
 #define SOCKREDIR_EVICT_GRACE_NS 1000000000ULL
 
@@ -73,7 +73,8 @@ struct sock_conn {
 	__u64 cgroup_id;    /* the socket's own cgroup (learned reasons are kept per cgroup) */
 	__u64 allow_id;     /* the allow-list entry (this cgroup or an ancestor) that admitted it */
 	__u64 allow_gen;    /* sockredir_gen when allow_id was last found on the list */
-	__u64 tcp_only_ns;  /* when tcp_only was first set (bpf_ktime_get_ns) */
+	__u64 peer_sent_ns; /* when the peer's sk_msg last ran (bpf_ktime_get_ns), written before it
+			     * looks at tcp_only: no redirect into this socket was chosen after it */
 	__u32 local_ip4;    /* the tuple, network byte order (for the agent's view) */
 	__u32 remote_ip4;
 	__u16 local_port;

@@ -30,7 +30,7 @@ SOCKREDIR_COUNTERS = ("redirected", "fallback", "errors", "inserted", "removed",
 PAIR_KEY_SIZE = 32  # struct pair_key
 SOCK_CONN = struct.Struct("=8QIIHH6I4x")
 """struct sock_conn: addr, peer cookie, netns cookie, nonce, cgroup id, allow id, allow gen,
-tcp_only_ns; local/remote ip4 and port (network byte order); tcp_only, client, redirecting,
+peer_sent_ns; local/remote ip4 and port (network byte order); tcp_only, client, redirecting,
 streak, msgs, pad."""
 
 
@@ -57,16 +57,15 @@ class Conn:
     cookie: int
     peer: int
     tcp_only: int
-    tcp_only_ns: int
     client: bool
     local: tuple[str, int]
     remote: tuple[str, int]
 
     @staticmethod
     def parse(key: bytes, raw: bytes) -> "Conn":
-        (_addr, peer, _netns, _nonce, _cg, _allow, _gen, tcp_only_ns, lip, rip, lport, rport, tcp_only, client,
+        (_addr, peer, _netns, _nonce, _cg, _allow, _gen, _sent, lip, rip, lport, rport, tcp_only, client,
          _redir, _streak, _msgs, _pad) = SOCK_CONN.unpack(raw)
-        return Conn(struct.unpack("=Q", key)[0], peer, tcp_only, tcp_only_ns, bool(client),
+        return Conn(struct.unpack("=Q", key)[0], peer, tcp_only, bool(client),
                     (socket.inet_ntoa(struct.pack("=I", lip)), socket.ntohs(lport)),
                     (socket.inet_ntoa(struct.pack("=I", rip)), socket.ntohs(rport)))
 
