@@ -131,7 +131,7 @@ def _routes(maps: list[PinnedMap]) -> list[PinnedMap]:
 def sets_in_dir(path: str) -> list[MapSet]:
     """The pinned maps of one `<pin-dir>/sockredir*` directory."""
     maps = []
-    for name in sorted(os.listdir(path)):
+    for name in sorted(n for n in os.listdir(path) if n.startswith("sockredir_")):  # not the watcher's link
         try:
             maps.append(PinnedMap(os.path.join(path, name)))
         except OSError as e:

@@ -54,6 +54,7 @@ _sig("bpf_obj_get_info_by_fd", ctypes.c_int, ctypes.c_int, _vp, ctypes.POINTER(c
 _sig("bpf_program__attach_iter", _vp, _vp, _vp)
 _sig("bpf_program__attach_raw_tracepoint", _vp, _vp, _cp)
 _sig("bpf_link__fd", ctypes.c_int, _vp)
+_sig("bpf_link__pin", ctypes.c_int, _vp, _cp)
 _sig("bpf_iter_create", ctypes.c_int, ctypes.c_int)
 _sig("bpf_prog_get_next_id", ctypes.c_int, ctypes.c_uint32, ctypes.POINTER(ctypes.c_uint32))
 _sig("bpf_prog_get_fd_by_id", ctypes.c_int, ctypes.c_uint32)
@@ -147,6 +148,12 @@ class Link:
 
     def __init__(self, name: str, ptr: int | None = None, legacy: tuple[int, int, int] | None = None):
         self.name, self._ptr, self._legacy = name, ptr, legacy
+
+    def pin(self, path: str) -> None:
+        """Pin in bpffs: the attachment then outlives this process (destroy() only closes our fd)."""
+        err = _lib.bpf_link__pin(self._ptr, path.encode())
+        if err:
+            _raise(f"pin {self.name} at {path}", err)
 
     def destroy(self) -> None:
         if self._ptr:

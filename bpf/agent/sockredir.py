@@ -28,6 +28,8 @@ SOCKREDIR_COUNTERS = ("redirected", "fallback", "errors", "inserted", "removed",
                       "peer_mismatch", "not_handshake", "learned", "tcp_only", "returned", "late") + tuple(
                           f"reason_{r}" for r in REASONS)
 PAIR_KEY_SIZE = 32  # struct pair_key
+WATCHER_PIN = "sys_enter"
+"""The pinned link of the syscall watcher, in the unit's pin dir."""
 SOCK_CONN = struct.Struct("=8QIIHH6I4x")
 """struct sock_conn: addr, peer cookie, netns cookie, nonce, cgroup id, allow id, allow gen,
 peer_sent_ns; local/remote ip4 and port (network byte order); tcp_only, client, redirecting,
@@ -106,8 +108,15 @@ class SockRedir(Unit):
         self.links.append(self.obj.program("sockredir_skmsg").attach_to_map(sockhash, BPF_SK_MSG_VERDICT))
         self.refresh_allow()
         self.prune_stale()
-        # The feature watcher before sock_ops: no socket is inserted before it can see its calls.
-        self.links.append(self.obj.program("sockredir_sys_enter").attach_raw_tracepoint("sys_enter"))
+        # The feature watcher before sock_ops: no socket is inserted before it can see its calls. Its
+        # link is pinned beside the maps, so it keeps watching the accelerated sockets while no
+        # agent runs (a restart, a rollout); ours replaces the previous agent's once attached.
+        watcher = self.obj.program("sockredir_sys_enter").attach_raw_tracepoint("sys_enter")
+        self.links.append(watcher)
+        pinned = os.path.join(self.pin_path, WATCHER_PIN)
+        if os.path.exists(pinned):
+            os.unlink(pinned)
+        watcher.pin(pinned)
         self.links.append(self.obj.program("sockredir_sockops").attach_cgroup(self.cgroup_path))
 
     def remove_stale(self, keep: str) -> list[str]:
@@ -161,6 +170,8 @@ class SockRedir(Unit):
                 log.warning("%s still holds open sockets: their redirects are stopped, the pins stay",
                             self.pin_path)
                 self.unpin_on_exit = False
+            elif os.path.exists(os.path.join(self.pin_path, WATCHER_PIN)):
+                os.unlink(os.path.join(self.pin_path, WATCHER_PIN))
         super().stop()
 
     def prune_stale(self) -> int:

@@ -1,5 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Pure agent logic (no kernel, no root): cgroup resolution, bucket conversion, config, maps scan."""
+import re
+
 import pytest
 from hypothesis import given, settings, strategies as st
 
@@ -191,3 +193,17 @@ def test_missing_kernel_btf_is_a_clear_error_before_anything_is_touched(monkeypa
     msgs = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
     assert len(msgs) == 1 and "kernel BTF" in msgs[0] and "CONFIG_DEBUG_INFO_BTF=y" in msgs[0], msgs
     assert not pins.exists()
+
+
+def test_the_router_splices_nothing_so_its_connections_keep_the_fast_path(tmp_path):
+    """sockredir sends a pair back to TCP when a reader splices (docs/ebpf-agent.md, "Socket calls
+    and options"), and a splice that finds redirected bytes unread sees them late. The router's
+    rendered haproxy.cfg, with and without prefix affinity, turns none of HAProxy's splicing on
+    (`option splice-auto|splice-request|splice-response`, HAProxy 2.6 configuration manual, 4.2)."""
+    from components.router.haproxy_cfg import Affinity, Route
+    from tests.router_harness import render
+
+    for routes in ([Route("m")], [Route("m", "m-economy", affinity=Affinity()), Route("m-economy")]):
+        conf, _ = render(tmp_path, routes)
+        spliced = re.findall(r"^\s*option\s+splice-\w+", conf.read_text(), re.M)
+        assert not spliced, spliced

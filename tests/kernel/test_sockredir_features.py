@@ -241,3 +241,18 @@ def test_plain_port_is_not_affected(unit, make_netns):
         _nonblocking_recv(socket.MSG_WAITALL)(s, c)
         s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 4)
     assert unit.learned() == {} and unit.counters()["inserted"] == 0, unit.counters()
+
+
+def test_the_watcher_keeps_watching_while_no_agent_runs(unit, make_netns):
+    """Between an agent's exit and the next one's start (a restart, a rollout with no surge) the
+    pinned sockhash keeps redirecting, so the syscall watcher must keep watching: its link is
+    pinned beside the maps."""
+    run = Run(make_netns(), FAST, True)
+    lst, c, s = run.pair()
+    with closing(lst, c, s):
+        unit.unpin_on_exit = False
+        unit.stop()  # what SIGTERM does; the pins stay for the next agent
+        FEATURES["splice"](s, c)
+        run.drop_port()
+        c.sendall(b"spliced while no agent ran")
+        assert recv_for(s, 0.5) == b"", "a splice while no agent ran left the pair redirecting"
