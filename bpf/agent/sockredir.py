@@ -80,7 +80,9 @@ class SockRedir(Unit):
     """Whose client sockets may be accelerated: `cgroup:<path under cgroup_path>` (its whole
     subtree) or `namespace:<k8s namespace>` (every pod cgroup the resolver names so)."""
     pinned: tuple[str, ...] = ("sockredir_sockhash", "sockredir_conns", "sockredir_pending", "sockredir_counters",
-                               "sockredir_learned")
+                               "sockredir_learned", "sockredir_allow", "sockredir_gen")
+    """Every map a program reads: a socket keeps the sk_msg program instance it was inserted with, so
+    after a restart the previous agent's instance must see the allow-list this agent keeps."""
     allowed: int = 0
     """How many cgroups the allow-list held after the last refresh (ebpf_sockmap_allowed_cgroups)."""
     refreshes: int = 0

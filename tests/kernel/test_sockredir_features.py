@@ -201,9 +201,12 @@ def test_a_one_way_stream_goes_back_to_tcp_and_its_sender_leaves_the_sockhash(un
         assert unit.counters()["redirected"] - before["redirected"] >= 4 + 2
 
 
-def test_shrinking_the_allow_list_sends_its_pairs_back_to_tcp(bpf_build, test_cgroup, pin_dir, make_netns):
+@pytest.mark.parametrize("restart", [False, True], ids=["same-agent", "after-a-restart"])
+def test_shrinking_the_allow_list_sends_its_pairs_back_to_tcp(bpf_build, test_cgroup, pin_dir, make_netns, restart):
     """A pod leaves the allow-list (its namespace is no longer listed, or the pod is gone): its
-    established pairs go back to TCP at their next message, so a DROP rule applies to them again."""
+    established pairs go back to TCP at their next message, so a DROP rule applies to them again.
+    Also for a pair made before the agent restarted, which still runs the previous agent's sk_msg
+    program instance (sock_map_link copied it into the socket's psock)."""
     cgroups = {n: os.path.join(test_cgroup, n) for n in ("client", "server")}
     for path in cgroups.values():
         os.mkdir(path)
@@ -221,6 +224,12 @@ def test_shrinking_the_allow_list_sends_its_pairs_back_to_tcp(bpf_build, test_cg
             c.sendall(b"hello")
             assert recv_exactly(s, 5) == b"hello"
             assert unit.counters()["redirected"] == 1, unit.counters()
+            if restart:
+                unit.unpin_on_exit = False
+                unit.stop()
+                unit = SockRedir(name="sockredir", bpf_dir=bpf_build, pin_dir=pin_dir, unpin_on_exit=True,
+                                 ports=(FAST,), cgroup_path=test_cgroup, allow_clients=unit.allow_clients)
+                assert unit.start(), unit.error
             unit.allow_clients = ("cgroup:server",)
             assert unit.refresh_allow() == 1
             run.drop_port()
