@@ -20,7 +20,7 @@
  * (sequence numbers are). Loopback tuples also carry the network namespace cookie in the key.
  *
  * Redirect. sk_msg redirects a message into the peer's receive queue only when: this socket's
- * entry names a peer, the namespace is the one recorded, the peer's entry names this socket back,
+ * entry names a peer, the peer's entry names this socket back,
  * neither end is TCP-only (below), both ends are still on the allow-list, nothing of this
  * direction is still on the TCP path (every byte this socket sent over TCP is acknowledged and the
  * peer has read every byte TCP delivered: then a redirected byte cannot overtake one sent earlier,
@@ -592,7 +592,7 @@ static __always_inline void rtt_sample(struct bpf_sock_ops *skops)
 		bpf_sock_ops_cb_flags_set(skops, 0);
 		return;
 	}
-	if (!c->tcp_only || bpf_ktime_get_ns() - c->peer_sent_ns < SOCKREDIR_EVICT_GRACE_NS)
+	if (!c->tcp_only || bpf_ktime_get_coarse_ns() - c->peer_sent_ns < SOCKREDIR_EVICT_GRACE_NS)
 		return;
 	if (!queue_empty((struct sock *)c->addr))
 		return;
@@ -847,7 +847,7 @@ int sockredir_skmsg(struct sk_msg_md *msg)
 	struct bpf_sock *bsk = msg->sk;
 	struct sock_conn *self, *peer;
 	struct tcp_sock *tp;
-	__u64 cookie, peer_cookie, gen;
+	__u64 cookie, peer_cookie, gen, now;
 	struct sock *peer_sk;
 	__u32 size = msg->size;
 
@@ -868,12 +868,21 @@ int sockredir_skmsg(struct sk_msg_md *msg)
 	peer = bpf_map_lookup_elem(&sockredir_conns, &peer_cookie);
 	if (!peer) /* the peer closed or left the sockhash */
 		return pass(self, 0);
-	if (peer->peer_cookie != cookie || self->netns_cookie != bpf_get_netns_cookie(msg))
+	if (peer->peer_cookie != cookie)
 		return pass(self, SOCKREDIR_PEER_MISMATCH);
 	/* Before tcp_only is read: the peer leaves the sockhash only once this is older than the
-	 * grace, so a redirect chosen below is never into a socket being unlinked. */
-	peer->peer_sent_ns = bpf_ktime_get_ns();
-	peer->streak = 0;
+	 * grace, so a redirect chosen below is never into a socket being unlinked. Refreshed in
+	 * steps, so a steady pair does not write the peer's entry on every message. */
+	now = bpf_ktime_get_coarse_ns();
+	if (now - peer->peer_sent_ns > SOCKREDIR_SENT_NS_STEP)
+		peer->peer_sent_ns = now;
+	/* A stream: more than SOCKREDIR_STREAM_MSGS messages while the peer's count stood still
+	 * (each end writes only its own entry). */
+	if (peer->sent != self->seen_peer) {
+		self->seen_peer = peer->sent;
+		self->streak = 0;
+	}
+	self->sent++;
 	if (++self->streak > SOCKREDIR_STREAM_MSGS && !(self->tcp_only & BIT(SOCKREDIR_R_STREAM)))
 		mark_pair(self, BIT(SOCKREDIR_R_STREAM));
 	if (self->tcp_only | peer->tcp_only)
@@ -896,7 +905,8 @@ int sockredir_skmsg(struct sk_msg_md *msg)
 		return pass(self, SOCKREDIR_FLOW_CONTROL);
 	if (bpf_msg_redirect_hash(msg, &sockredir_sockhash, &peer_cookie, BPF_F_INGRESS) != SK_PASS)
 		return pass(self, 0);
-	self->redirecting = 1;
+	if (!self->redirecting)
+		self->redirecting = 1;
 	count(SOCKREDIR_REDIRECTED);
 	count_n(SOCKREDIR_REDIRECTED_BYTES, size);
 	return SK_PASS;

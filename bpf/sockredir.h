@@ -13,6 +13,9 @@
  * no sooner than this after its peer's sk_msg last ran: a sendmsg that chose the redirect then may
  * still be on its way into this socket's queue, and unlinking would drop it. */
 #define SOCKREDIR_EVICT_GRACE_NS 1000000000ULL
+/* peer_sent_ns is refreshed at most this often (so a steady pair does not write the peer's entry
+ * on every message); the grace above then holds with this much less margin. */
+#define SOCKREDIR_SENT_NS_STEP 100000000ULL
 
 /* The client's proof of the handshake, in a TCP option of kind 254 (RFC 6994 experimental) with
  * this 16-bit ExID: 2 + 2 + 8 bytes. */
@@ -85,7 +88,8 @@ struct sock_conn {
 			     * passed to TCP since, so it still is */
 	__u32 streak;       /* messages sent since the peer last sent one */
 	__u32 msgs;         /* messages sk_msg saw from this socket (saturates at 2) */
-	__u32 pad;
+	__u32 sent;         /* messages this socket sent while paired (wraps) */
+	__u32 seen_peer;    /* the peer's `sent` when this socket last sent: a change means it spoke */
 };
 
 enum sockredir_counter {
