@@ -432,6 +432,8 @@ static __always_inline int conn_of(struct bpf_sock_ops *skops, bool client, stru
 static __always_inline int insert(struct bpf_sock_ops *skops, __u64 cookie, struct sock_conn *c)
 {
 	long err = bpf_map_update_elem(&sockredir_conns, &cookie, c, BPF_NOEXIST);
+	struct sock *sk = (struct sock *)c->addr;
+	struct sock_conn *entry;
 
 	if (err) {
 		count(map_full(err) ? SOCKREDIR_DROPPED : SOCKREDIR_ERROR);
@@ -442,6 +444,14 @@ static __always_inline int insert(struct bpf_sock_ops *skops, __u64 cookie, stru
 		bpf_map_delete_elem(&sockredir_conns, &cookie);
 		count(map_full(err) ? SOCKREDIR_DROPPED : SOCKREDIR_ERROR);
 		return -1;
+	}
+	/* The psock exists now, and stays until the socket leaves the sockhash (when its entry goes
+	 * too). Its receive buffer as of now bounds its redirect queue: autotuning only grows it, on
+	 * TCP's receive path, so the bound errs small. */
+	entry = bpf_map_lookup_elem(&sockredir_conns, &cookie);
+	if (entry) {
+		entry->psock = (__u64)BPF_CORE_READ(sk, sk_user_data) & ~7ULL;
+		entry->rcvbuf = BPF_CORE_READ(sk, sk_rcvbuf);
 	}
 	count(SOCKREDIR_INSERTED);
 	return 0;
@@ -799,21 +809,15 @@ static __always_inline bool tcp_path_empty(struct tcp_sock *self, struct tcp_soc
 	       BPF_CORE_READ(peer, copied_seq) == BPF_CORE_READ(peer, rcv_nxt);
 }
 
-/* Bytes already redirected into the peer's queue and not yet read, against its receive buffer. */
-static __always_inline bool peer_queue_full(struct sock *sk)
+/* Bytes already redirected into the peer's queue and not yet read, against its receive buffer
+ * (both recorded when it was inserted: one read per message). */
+static __always_inline bool peer_queue_full(struct sock_conn *peer)
 {
-	struct sk_psock___fionread *psock;
-	__u32 queued;
-	int rcvbuf;
+	struct sk_psock___fionread *psock = (void *)peer->psock;
 
-	if (!bpf_core_field_exists(struct sk_psock___fionread, msg_tot_len))
+	if (!bpf_core_field_exists(struct sk_psock___fionread, msg_tot_len) || !psock)
 		return false;
-	psock = (void *)((__u64)BPF_CORE_READ(sk, sk_user_data) & ~7ULL);
-	if (!psock)
-		return false;
-	queued = BPF_CORE_READ(psock, msg_tot_len);
-	rcvbuf = BPF_CORE_READ(sk, sk_rcvbuf);
-	return rcvbuf > 0 && queued >= (__u32)rcvbuf;
+	return peer->rcvbuf > 0 && BPF_CORE_READ(psock, msg_tot_len) >= peer->rcvbuf;
 }
 
 /* A TLS record header (content type 20..24, version 3.x): a kTLS connection's handshake. */
@@ -901,7 +905,7 @@ int sockredir_skmsg(struct sk_msg_md *msg)
 	 * direction is redirected until one is passed, so it stays empty without looking again. */
 	if (!self->redirecting && !tcp_path_empty(tp, (struct tcp_sock *)peer_sk))
 		return pass(self, SOCKREDIR_ORDERED);
-	if (peer_queue_full(peer_sk))
+	if (peer_queue_full(peer))
 		return pass(self, SOCKREDIR_FLOW_CONTROL);
 	if (bpf_msg_redirect_hash(msg, &sockredir_sockhash, &peer_cookie, BPF_F_INGRESS) != SK_PASS)
 		return pass(self, 0);

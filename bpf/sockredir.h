@@ -70,6 +70,7 @@ enum sockredir_reason {
  * boot, never reused). The sockhash is keyed by the same cookie. */
 struct sock_conn {
 	__u64 addr;         /* struct sock *, read only with bpf_probe_read_kernel */
+	__u64 psock;        /* its struct sk_psock * once in the sockhash (read the same way) */
 	__u64 peer_cookie;  /* 0 until the pair is proven */
 	__u64 netns_cookie; /* the socket's namespace; sk_msg checks it */
 	__u64 nonce;        /* clients: the one they send; servers: the one they received */
@@ -90,6 +91,8 @@ struct sock_conn {
 	__u32 msgs;         /* messages sk_msg saw from this socket (saturates at 2) */
 	__u32 sent;         /* messages this socket sent while paired (wraps) */
 	__u32 seen_peer;    /* the peer's `sent` when this socket last sent: a change means it spoke */
+	__u32 rcvbuf;       /* sk_rcvbuf when inserted: the flow-control bound on its redirect queue */
+	__u32 pad;
 };
 
 enum sockredir_counter {

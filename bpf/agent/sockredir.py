@@ -30,10 +30,10 @@ SOCKREDIR_COUNTERS = ("redirected", "fallback", "errors", "inserted", "removed",
 PAIR_KEY_SIZE = 32  # struct pair_key
 WATCHER_PIN = "sys_enter"
 """The pinned link of the syscall watcher, in the unit's pin dir."""
-SOCK_CONN = struct.Struct("=8QIIHH7I")
-"""struct sock_conn: addr, peer cookie, netns cookie, nonce, cgroup id, allow id, allow gen,
+SOCK_CONN = struct.Struct("=9QIIHH9I")
+"""struct sock_conn: addr, psock, peer cookie, netns cookie, nonce, cgroup id, allow id, allow gen,
 peer_sent_ns; local/remote ip4 and port (network byte order); tcp_only, client, redirecting,
-streak, msgs, sent, seen_peer."""
+streak, msgs, sent, seen_peer, rcvbuf, pad."""
 
 
 def parse_allow(entries: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -65,8 +65,8 @@ class Conn:
 
     @staticmethod
     def parse(key: bytes, raw: bytes) -> "Conn":
-        (_addr, peer, _netns, _nonce, _cg, _allow, _gen, _sent, lip, rip, lport, rport, tcp_only, client,
-         _redir, _streak, _msgs, _sent, _seen) = SOCK_CONN.unpack(raw)
+        (_addr, _psock, peer, _netns, _nonce, _cg, _allow, _gen, _sent_ns, lip, rip, lport, rport, tcp_only,
+         client, _redir, _streak, _msgs, _sent, _seen, _rcvbuf, _pad) = SOCK_CONN.unpack(raw)
         return Conn(struct.unpack("=Q", key)[0], peer, tcp_only, bool(client),
                     (socket.inet_ntoa(struct.pack("=I", lip)), socket.ntohs(lport)),
                     (socket.inet_ntoa(struct.pack("=I", rip)), socket.ntohs(rport)))
