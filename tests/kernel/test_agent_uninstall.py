@@ -214,12 +214,12 @@ def test_uninstall_waits_for_a_reader_and_loses_no_byte(bpf_build, test_cgroup, 
                                                                         programs=mine)))
         t.start()
         time.sleep(2.5)  # past the grace: uninstall is waiting for this reader
+        _drop_port(ns, port)
+        c.sendall(b"while uninstall waits")  # redirects stopped first: this one takes TCP, and the rule
         assert _recv_for(s, 5) == b"unread when uninstall starts"
+        assert _recv_for(s, 1.0) == b"", "bytes crossed a DROP rule while --uninstall waited: still redirected"
         t.join(30)
         assert done and done[0].sockets == 2 and done[0].forced == 0, done
-        _drop_port(ns, port)
-        c.sendall(b"after")
-        assert _recv_for(s, 1.0) == b"", "bytes crossed a DROP rule after --uninstall: still redirected"
     finally:
         for x in (c, s, lst):
             x.close()
