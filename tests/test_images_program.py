@@ -278,3 +278,23 @@ def test_chart_images_with_a_floating_default_are_pinned_by_version_and_digest(a
             tag = values["tag"]
             assert re.fullmatch(r"v?\d+\.\d+\.\d+@sha256:[0-9a-f]{64}", tag), f"{r.urn} {img.values_path}: {tag!r}"
             assert DIGEST.match(f"{img.image}:{tag}"), tag
+
+
+def test_images_the_registry_holds_are_judged_at_preview(monkeypatch):
+    """A preview cannot know the digest of an image it has not built, so the rules that read images
+    cannot decide it (tests/test_policies_preview.py); an image the registry already holds is run by
+    the digest the registry reports, known when the preview runs, and the rules judge it there."""
+    from tools.policy_check import check_run
+
+    def undecided_image_rules(run):
+        return {v.policy for v in check_run(run) if v.level == "undecided" and "image" in v.policy}
+
+    first = run_program("byo", preview=True)
+    assert undecided_image_rules(first), "without the registry's digests the image rules cannot decide"
+    pushed = {t.rsplit(":", 1)[0]: t.rsplit(":", 1)[1] for r in run_program("byo").by_type(IMAGE) for t in r.inputs["tags"]}
+    _registry_holds(monkeypatch, pushed)
+    again = run_program("byo", preview=True)
+    assert not again.by_type(IMAGE)
+    assert not undecided_image_rules(again)
+    ours = {image for _, name, image in workload_images(again) if name in ("spot-drain", "prewarm", "controller")}
+    assert ours == {f"{repo}@{HELD_DIGEST}" for repo in pushed}, ours
