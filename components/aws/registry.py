@@ -59,6 +59,7 @@ class EcrRegistry(pulumi.ComponentResource):
         token = aws.ecr.get_authorization_token_output(
             registry_id=first.registry_id, opts=pulumi.InvokeOutputOptions(parent=self, provider=args.aws_provider)
         )
+        find = ecr_finder(args.aws_provider)  # the tags already pushed (components/images/lookup.py)
         self.registry = ImageRegistry(
             repositories={role: r.repository_url for role, r in repos.items()},
             credentials={
@@ -67,6 +68,6 @@ class EcrRegistry(pulumi.ComponentResource):
                 "password": pulumi.Output.secret(token.password),
             },
             ready_after=list(repos.values()),
-            held=lambda role, tag, find=ecr_finder(args.aws_provider), names=names: find(names[role], tag),
+            held=lambda role, tag: find(names[role], tag),
         )
         self.register_outputs({"repositories": self.registry.repositories})

@@ -50,6 +50,7 @@ class ArtifactRegistry(pulumi.ComponentResource):
         urls = {src.role: f"{host}/{args.project}/{repo_id}/{src.repository}" for src in args.sources}
         base = pulumi.Output.concat(host, "/", repo.project, "/", repo.repository_id)
         client = gcp.organizations.get_client_config_output(opts=pulumi.InvokeOutputOptions(parent=self))
+        find = artifact_registry_finder(args.region, args.project, repo_id)  # the tags already pushed
         self.registry = ImageRegistry(
             repositories={src.role: pulumi.Output.concat(base, "/", src.repository) for src in args.sources},
             # An OAuth access token of the deployer's credentials (Artifact Registry's
@@ -57,6 +58,6 @@ class ArtifactRegistry(pulumi.ComponentResource):
             credentials={"address": host, "username": "oauth2accesstoken",
                          "password": pulumi.Output.secret(client.access_token)},
             ready_after=[repo],
-            held=lambda role, tag, find=artifact_registry_finder(args.region, args.project, repo_id), urls=urls: find(urls[role], tag),
+            held=lambda role, tag: find(urls[role], tag),
         )
         self.register_outputs({"repositories": self.registry.repositories})
