@@ -247,6 +247,12 @@ def _consumers(s: StackConfig) -> list[str]:
         unknown = [n for n in c.clusters if n not in names]
         if unknown:
             errs.append(f"consumers[{i}].clusters: {unknown} are not clusters of this stack; allowed: {allowed(names)}")
+        for cluster in s.clusters:
+            admins = set(getattr(cluster, "admin_principal_arns", []))
+            both = [a for a in c.aws_principal_arns if a in admins and (not c.clusters or cluster.name in c.clusters)]
+            if both:
+                errs.append(f"consumers[{i}].aws_principal_arns: {both} are admins of cluster {cluster.name} "
+                            f"(admin_principal_arns); EKS takes one access entry per principal; allowed: one of the two")
     return errs
 
 

@@ -31,7 +31,8 @@ from components.aws.registry import EcrRegistry, EcrRegistryArgs
 from components.gcp.registry import ArtifactRegistry, ArtifactRegistryArgs
 from components.gcp.specs import gcp_labels
 from components.images.images import ProjectImages, ProjectImagesArgs
-from components.images.specs import SOURCES
+from components.images.specs import needed_sources
+from components.existing.registry import configured_registry
 from components.platform.registry import ImageRegistry
 from components.pod_security import namespace_pod_security
 
@@ -81,16 +82,18 @@ def build_registry(loaded: LoadedConfig, c: Any, handle: ClusterHandle) -> Image
     cfg = loaded.stack
     if cfg.images.source == "prebuilt":
         return None
+    sources = needed_sources(cfg.ebpf_agent.enabled)
     if isinstance(c, AwsCluster):
-        args = EcrRegistryArgs(cluster=c.name, aws_provider=handle.extras["aws_provider"])
+        args = EcrRegistryArgs(cluster=c.name, aws_provider=handle.extras["aws_provider"], sources=sources)
         # Like every AWS resource of the cluster, the repositories wait for its CNI guard.
         guard = pulumi.ResourceOptions(depends_on=handle.extras["aws_guard"])
         return EcrRegistry(f"{c.name}-registry", args, opts=guard).registry
     if isinstance(c, GcpCluster):
-        args = ArtifactRegistryArgs(cluster=c.name, project=c.project, region=c.region, labels=gcp_labels(cfg.tags))
+        args = ArtifactRegistryArgs(cluster=c.name, project=c.project, region=c.region, labels=gcp_labels(cfg.tags),
+                                    sources=sources)
         return ArtifactRegistry(f"{c.name}-registry", args).registry
     assert cfg.images.registry is not None  # StackConfig's images.registry rule
-    return ImageRegistry(repositories={s.role: f"{cfg.images.registry}/{s.repository}" for s in SOURCES})
+    return configured_registry(cfg.images.registry, pulumi.get_stack(), sources)
 
 
 def build_layers(
@@ -98,7 +101,8 @@ def build_layers(
 ) -> ClusterLayers:
     cfg = loaded.stack
     labels = platform_labels(cfg)
-    images = ProjectImages(f"{handle.name}-images", ProjectImagesArgs(config=cfg.images, registry=registry))
+    images = ProjectImages(f"{handle.name}-images", ProjectImagesArgs(
+        config=cfg.images, registry=registry, sources=needed_sources(cfg.ebpf_agent.enabled)))
     on_cluster = pulumi.ResourceOptions(provider=handle.provider, depends_on=handle.ready_after)
     addons = PlatformAddons(
         f"{handle.name}-addons",

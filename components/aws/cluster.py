@@ -37,7 +37,8 @@ from components.aws.names import iam_role_name
 from components.aws.network import nat_gateway_count, subnet_layout
 from components.aws.cilium import Cilium, CiliumArgs
 from components.platform.cluster_handle import GPU_TOLERATION, POOL_LABEL, ClusterHandle, pool_info
-from components.aws.config import AwsCluster
+from components.aws.config import AwsCluster, region_partition
+from components.aws.admin_access import EksAdminAccess, EksAdminAccessArgs
 from components.config_loader import ConfigError
 from components.config_types import Environment
 from components.aws.karpenter import Karpenter, KarpenterArgs
@@ -190,6 +191,11 @@ class AwsGpuCluster(pulumi.ComponentResource):
             opts=on_aws,
         )
         provider = k8s.Provider(f"{name}-k8s", kubeconfig=kubeconfig, opts=child)
+        if c.admin_principal_arns:
+            # Other administrators (a CI role after a laptop's first `up`, people): components/aws/admin_access.py.
+            EksAdminAccess(f"{name}-admins", EksAdminAccessArgs(
+                cluster_name=cluster_name, principal_arns=list(c.admin_principal_arns),
+                partition=region_partition(c.region), aws_provider=aws_provider), opts=child)
         on_k8s = pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(provider=provider))
 
         # --- system node role (the node group itself waits for the CNI below) -----------------

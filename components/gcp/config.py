@@ -185,6 +185,10 @@ class GcpCluster(Base):
     """VPC subnet and secondary ranges."""
     private_endpoint: bool = False
     """Private control-plane endpoint only."""
+    deletion_protection: Optional[bool] = None
+    """The provider's `deletion_protection` on the GKE cluster: while true, `pulumi destroy` (or a
+    replacement) of the cluster fails. Unset: true in `environment: prod`, false elsewhere. To tear
+    a prod cluster down, set it to false and `pulumi up` first (docs/operations.md, "Teardown")."""
     master_authorized_cidrs: list[Cidr] = Field(default_factory=list)
     """CIDRs allowed to the control plane (the node subnet is always added)."""
     system_pool: GcpSystemPool = GcpSystemPool()

@@ -12,7 +12,8 @@ from typing import Optional
 import pulumi
 import pulumi_gcp as gcp
 
-from components.images.specs import SOURCES, artifact_registry_cleanup, artifact_registry_host, artifact_registry_id
+from components.images.lookup import artifact_registry_finder
+from components.images.specs import ImageSource, artifact_registry_cleanup, artifact_registry_host, artifact_registry_id
 from components.platform.registry import ImageRegistry
 
 
@@ -22,6 +23,8 @@ class ArtifactRegistryArgs:
     project: str
     region: str
     labels: dict[str, str]
+    sources: tuple[ImageSource, ...]
+    """The images this cluster runs (no agent image where the agent is off)."""
 
 
 class ArtifactRegistry(pulumi.ComponentResource):
@@ -44,14 +47,17 @@ class ArtifactRegistry(pulumi.ComponentResource):
             opts=child,
         )
         host = artifact_registry_host(args.region)
+        urls = {src.role: f"{host}/{args.project}/{repo_id}/{src.repository}" for src in args.sources}
         base = pulumi.Output.concat(host, "/", repo.project, "/", repo.repository_id)
         client = gcp.organizations.get_client_config_output(opts=pulumi.InvokeOutputOptions(parent=self))
+        find = artifact_registry_finder(args.region, args.project, repo_id)  # the tags already pushed
         self.registry = ImageRegistry(
-            repositories={src.role: pulumi.Output.concat(base, "/", src.repository) for src in SOURCES},
+            repositories={src.role: pulumi.Output.concat(base, "/", src.repository) for src in args.sources},
             # An OAuth access token of the deployer's credentials (Artifact Registry's
             # `oauth2accesstoken` user; cloud.google.com/artifact-registry/docs/docker/authentication).
             credentials={"address": host, "username": "oauth2accesstoken",
                          "password": pulumi.Output.secret(client.access_token)},
             ready_after=[repo],
+            held=lambda role, tag: find(urls[role], tag),
         )
         self.register_outputs({"repositories": self.registry.repositories})

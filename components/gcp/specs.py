@@ -167,6 +167,11 @@ def master_authorized_networks(c: GcpCluster) -> dict[str, Any]:
     return {"cidr_blocks": blocks, "gcp_public_cidrs_access_enabled": False}
 
 
+def deletion_protection(c: GcpCluster, environment: Environment) -> bool:
+    """`deletion_protection` as configured, else on in prod only."""
+    return c.deletion_protection if c.deletion_protection is not None else environment == "prod"
+
+
 def cluster_args(c: GcpCluster, environment: Environment, tags: dict[str, str]) -> dict[str, Any]:
     """The `gcp.container.Cluster` arguments, minus the resource references (network, subnet, SA)."""
     return {
@@ -175,7 +180,7 @@ def cluster_args(c: GcpCluster, environment: Environment, tags: dict[str, str]) 
         "location": cluster_location(c),
         "remove_default_node_pool": True,
         "initial_node_count": 1,
-        "deletion_protection": environment == "prod",
+        "deletion_protection": deletion_protection(c, environment),
         "networking_mode": "VPC_NATIVE",
         "ip_allocation_policy": {
             "cluster_secondary_range_name": PODS_RANGE,
