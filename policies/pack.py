@@ -14,6 +14,7 @@ from policies import (
     kubernetes_rules,
     pod_security_rules,
     secret_rules,
+    serving_pod_rules,
     serving_rules,
 )
 
@@ -24,6 +25,7 @@ POLICIES: list[Policy] = [
     *pod_security_rules.POLICIES,
     *secret_rules.POLICIES,
     *serving_rules.POLICIES,
+    *serving_pod_rules.POLICIES,
     *disruption_rules.POLICIES,
     *exposure_rules.POLICIES,
     *karpenter_rules.POLICIES,

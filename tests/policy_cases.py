@@ -81,7 +81,7 @@ def probe_host(kind: str) -> dict:
 
 VLLM = container(name="vllm", image="vllm/vllm-openai:v0.33.0", securityContext={
     "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}})
-CACHE = [{"name": "cache", "hostPath": {"path": "/mnt/models"}}]
+CACHE = [{"name": "cache", "hostPath": {"path": "/var/lib/gpuinfra/models"}}]
 PSS = "kubernetes-workload-pod-security-standards"
 
 PSS_CASES = [

@@ -88,7 +88,7 @@ def test_pod_level_seccomp_and_non_root_count():
 def test_model_cache_host_path_and_root_vllm_image_are_allow_listed():
     c = restricted_container(image="vllm/vllm-openai:v0.33.0")
     c["securityContext"].pop("runAsNonRoot")
-    d = deployment([c], volumes=[{"name": "model-cache", "hostPath": {"path": "/mnt/models"}}])
+    d = deployment([c], volumes=[{"name": "model-cache", "hostPath": {"path": "/var/lib/gpuinfra/models"}}])
     assert run([res(common.DEPLOYMENT, d)], PSS) == []
     narrowed = {PSS: {"allowedHostPaths": [], "rootImages": []}}
     assert len(run([res(common.DEPLOYMENT, d)], PSS, file_config=narrowed)) == 2

@@ -159,11 +159,13 @@ def break_one(run: ProgramRun, type_: str, pred, mutate: Callable[[dict], Any], 
 
 
 ALSO_FIRES = {
-    "kubernetes-workload-no-privileged": {"kubernetes-workload-pod-security-standards"},
-    "kubernetes-workload-capabilities-allowlist": {"kubernetes-workload-pod-security-standards"},
+    "kubernetes-workload-no-privileged": {"kubernetes-workload-pod-security-standards", "kubernetes-serving-pods-restricted"},
+    "kubernetes-workload-capabilities-allowlist": {"kubernetes-workload-pod-security-standards", "kubernetes-serving-pods-restricted"},
+    "kubernetes-workload-pod-security-standards": {"kubernetes-serving-pods-restricted"},
 }
 """The pack's own privilege rules overlap Pod Security's `privileged` and `capabilities_*` checks
-on purpose: a break of one fires both (the Pod Security rule only where the namespace enforces them)."""
+on purpose: a break of one fires both (the Pod Security rule only where the namespace enforces them),
+and in a serving namespace `kubernetes-serving-pods-restricted` holds the pods to Restricted as well."""
 
 
 def assert_only(rule: str, new: list[Violation], target: PolicyResource, fragment: str, level: str = "mandatory"):
@@ -266,9 +268,14 @@ BREAKS = [
     ("kubernetes-workload-image-pinned", "prod", DEPLOYMENT, _serving, _vllm_edit(lambda c: c.update(image="vllm/vllm-openai:nightly")), "moving line"),
     ("kubernetes-workload-image-pinned", "dev", DEPLOYMENT, _serving, _vllm_edit(lambda c: c.update(image="vllm/vllm-openai:0.33")), "moving line"),
     ("kubernetes-helm-release-version-pinned", "prod", RELEASE, lambda r: r.props.get("chart") == "cilium", _set(["version"], "~1.19.6"), "not an exact version"),
-    # the serving namespace enforces `privileged` (a hostPath model cache), so a pod change there is
-    # admitted; lowering the namespace's level is what makes admission reject the serving pods
-    ("kubernetes-workload-pod-security-standards", "prod", NAMESPACE, _serving_ns, _set(["metadata", "labels", "pod-security.kubernetes.io/enforce"], "baseline"), "[hostPathVolumes]"),
+    # the serving namespace enforces `baseline` (the model cache is an emptyDir): a model server
+    # with hostNetwork, a hostPort, a hostPath of / or an Unconfined seccomp profile is refused in prod
+    ("kubernetes-workload-pod-security-standards", "prod", DEPLOYMENT, _serving, _set(["spec", "template", "spec", "hostNetwork"], True), "[hostNamespaces]"),
+    ("kubernetes-workload-pod-security-standards", "prod", DEPLOYMENT, _serving, _vllm_edit(lambda c: c["ports"][0].update(hostPort=8000)), "[hostPorts]"),
+    ("kubernetes-workload-pod-security-standards", "prod", DEPLOYMENT, _serving, lambda p: p["spec"]["template"]["spec"]["volumes"].append({"name": "root", "hostPath": {"path": "/"}}), "[hostPathVolumes]"),
+    ("kubernetes-workload-pod-security-standards", "prod", DEPLOYMENT, _serving, _vllm_edit(lambda c: c["securityContext"].update(seccompProfile={"type": "Unconfined"})), "[seccompProfile_baseline]"),
+    # privilege escalation is Restricted's check, beyond the namespace's baseline: the pack's serving rule holds it
+    ("kubernetes-serving-pods-restricted", "prod", DEPLOYMENT, _serving, _vllm_edit(lambda c: c["securityContext"].update(allowPrivilegeEscalation=True)), "[allowPrivilegeEscalation]"),
     ("kubernetes-workload-pod-security-standards", "dev", NAMESPACE, _serving_ns, _set(["metadata", "labels", "pod-security.kubernetes.io/enforce"], "restricted"), "[runAsNonRoot]"),
     ("kubernetes-workload-pod-security-standards", "prod", DAEMONSET, _agent, _set(["spec", "template", "spec", "hostIPC"], True), "hostIPC"),
     ("kubernetes-workload-pod-security-standards", "prod", DAEMONSET, _agent, lambda p: p["spec"]["template"]["spec"]["volumes"].append({"name": "etc", "hostPath": {"path": "/etc"}}), "hostPath '/etc'"),

@@ -330,7 +330,7 @@ def test_default_host_paths_are_the_model_caches_the_platform_places():
     """The pack restates the platform's cache paths (it runs without the platform's code)."""
     from components.aws.disks import NVME_MODEL_CACHE_PATH
     from components.gcp.specs import COS_MODEL_CACHE_DIR
-    from components.serving.config import ModelCache
+    from components.serving.cache import DEFAULT_HOST_PATH
     from policies.pod_security_rules import DEFAULT_HOST_PATHS
 
-    assert set(DEFAULT_HOST_PATHS) == {ModelCache().host_path, NVME_MODEL_CACHE_PATH, COS_MODEL_CACHE_DIR}
+    assert set(DEFAULT_HOST_PATHS) == {DEFAULT_HOST_PATH, NVME_MODEL_CACHE_PATH, COS_MODEL_CACHE_DIR}
