@@ -19,7 +19,7 @@ from policies.common import (
     dig,
     object_name,
 )
-from policies.selectors import METADATA_NAME, internet_family, selects_every_namespace
+from policies.label_sets import METADATA_NAME, internet_family, selects_every_namespace
 from policies.workloads import namespace_of
 
 # ---- kubernetes-service-not-exposed ----------------------------------------------------------
@@ -65,7 +65,7 @@ def _open_cidr(cidr: Any) -> bool:
 def wide_peers(rule: Mapping[str, Any]) -> list[str]:
     """Why one ingress rule admits traffic from beyond the namespace and its chosen clients: no `from`
     (every source), a peer whose namespaceSelector matches every namespace (`{}`, `Exists` on
-    `kubernetes.io/metadata.name`, only `NotIn`/`DoesNotExist`: policies/selectors.py) or every
+    `kubernetes.io/metadata.name`, only `NotIn`/`DoesNotExist`: policies/label_sets.py) or every
     address (/0)."""
     peers = as_list(rule.get("from"))
     if not peers:

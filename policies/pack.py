@@ -5,6 +5,7 @@ from __future__ import annotations
 from pulumi_policy import Policy
 
 from policies import (
+    chart_rules,
     cilium_rules,
     cluster_rules,
     cost_rules,
@@ -25,6 +26,7 @@ POLICIES: list[Policy] = [
     *kubernetes_rules.POLICIES,
     *pod_security_rules.POLICIES,
     *secret_rules.POLICIES,
+    *chart_rules.POLICIES,
     *serving_rules.POLICIES,
     *serving_pod_rules.POLICIES,
     *disruption_rules.POLICIES,

@@ -250,7 +250,7 @@ def scan(tree: Any, path: str = "", trust_secrets: bool = False) -> Iterator[tup
                     continue
                 if why := finding(str(k), v, trust):
                     yield sub, why
-                elif "\n" in v.strip():
+                elif "\n" in v.strip() or v.lstrip().startswith(("{", "[")):  # a config file, or one line of JSON
                     yield from _embedded(sub, v, trust)
             else:
                 yield from scan(v, sub, trust)

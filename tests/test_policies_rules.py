@@ -23,6 +23,7 @@ TYPES = [
     common.EKS_COMPONENT, common.EKS_CLUSTER, common.GKE_CLUSTER, common.GKE_NODEPOOL, common.SQS_QUEUE,
     common.KMS_KEY, common.EKS_NODEGROUP, common.LAUNCH_TEMPLATE, common.CONFIGMAP, common.NETWORK_POLICY,
     common.SERVICE, common.NAMESPACE, common.PERSISTENT_VOLUME, common.PERSISTENT_VOLUME_CLAIM, common.SCALED_OBJECT,
+    "kubernetes:networking.k8s.io/v1:Ingress", "kubernetes:core/v1:Secret",
 ]
 
 
@@ -54,6 +55,10 @@ EMPTY_IS_VIOLATION = {
     ("gcp-gke-cluster-control-plane-hardened", common.GKE_CLUSTER),
     ("gcp-gke-cluster-private-nodes", common.GKE_CLUSTER),
     ("gcp-gke-cluster-workload-identity", common.GKE_CLUSTER),
+    # a NodePool with no requirement can launch any instance type, GPU types included (issue 38)
+    ("karpenter-nodepool-gpu-limit", common.NODEPOOL),
+    # an Ingress with no rules and no TLS serves its default route in clear
+    ("kubernetes-ingress-tls", "kubernetes:networking.k8s.io/v1:Ingress"),
 }
 
 

@@ -1,4 +1,6 @@
-"""Selectors and address sets judged by what they match, not by how they are spelled.
+"""Selectors and address sets judged by what they match, not by how they are spelled. (Not named
+`selectors.py`: the CLI runs the pack with `policies/` as the script directory, where that name
+would shadow the standard library module grpc imports.)
 
 - A namespace selector matches every namespace a user can create unless one of its requirements
   asks for something a namespace must be given: a `matchLabels` entry, an `In`, or an `Exists` on a
