@@ -123,7 +123,7 @@ class ModelCache(Base):
     `/mnt/stateful_partition` or `/mnt/disks`."""
     size_gib: Optional[int] = Field(None, ge=1, le=65536)
     """Size of an `empty_dir` cache: its `sizeLimit` and the vLLM container's `ephemeral-storage`
-    request. Default: the checkpoint plus vLLM's compile cache, with a margin (cache.py
+    request. Default: the checkpoint (+10 %), huggingface_hub's Xet chunk cache (10 GB) and vLLM's compile cache (cache.py
     `cache_size_gib`); raise it for repositories that ship a second copy of the weights."""
     pvc_size_gib: int = Field(500, ge=10)
     """Size of the claim when `kind: pvc`."""
