@@ -179,7 +179,7 @@ def floating_tags(values: Any, path: str = "values") -> list[tuple[str, str]]:
                 val = values[k]
             except UnknownValueError:  # computed during preview: not a literal tag
                 continue
-            imageish = "repository" in keys or "image" in path.rsplit(".", 1)[-1].lower()
+            imageish = "repository" in keys or "image" in path.lower()
             if k == "tag" and imageish and isinstance(val, str) and val:
                 why = image_problem(f"{values.get('repository') or 'image'}:{val}")
                 if why:
