@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from pulumi_policy.proxy import UnknownValueError
 from pulumi_policy import EnforcementLevel, PolicyConfigSchema, ReportViolation, StackValidationArgs, StackValidationPolicy
 
 from policies.common import WORKLOAD_TYPES, as_list, as_map, config_list, object_name
@@ -61,13 +62,21 @@ def cache_volume_allowed(v: Mapping[str, Any], server: bool, host_paths: list[st
             and hp.get("type") in CACHE_HOST_PATH_TYPES and path_allowed(str(hp.get("path") or ""), host_paths))
 
 
+def _image_repo(c: Mapping[str, Any]) -> str:
+    """The container's image repository; "" for one computed during preview (the stack's own images,
+    built and referenced by digest, are never a root image: the exemption needs a known name)."""
+    try:
+        return image_repository(str(c.get("image") or ""))
+    except UnknownValueError:
+        return ""
+
+
 def serving_pod_problems(meta: Mapping[str, Any], spec: Mapping[str, Any], server: bool,
                          host_paths: list[str], root_images: list[str]) -> list[tuple[Any, str]]:
     """(check, detail) for what Restricted forbids in a serving pod, less the two exemptions."""
     vols = [v for v in as_list(spec.get("volumes")) if not cache_volume_allowed(as_map(v), server, host_paths)]
     found = [f for f in evaluate_pod(meta, Overlay(spec, volumes=vols), "restricted") if f[0].id not in RUN_AS_CHECKS]
-    non_root = {key: [c for c in as_list(spec.get(key))
-                      if image_repository(str(as_map(c).get("image") or "")) not in root_images]
+    non_root = {key: [c for c in as_list(spec.get(key)) if _image_repo(as_map(c)) not in root_images]
                 for key in ("initContainers", "containers", "ephemeralContainers")}
     found += [f for f in evaluate_pod(meta, Overlay(spec, volumes=vols, **non_root), "restricted") if f[0].id in RUN_AS_CHECKS]
     return found
