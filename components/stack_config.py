@@ -27,6 +27,7 @@ from components.images.config import ImagesConfig
 from components.node_pools import effective_reserved_cpus, pool_topology_policy
 from components.platform.config import Consumer, Namespaces, ObservabilityConfig
 from components.router.config import RouterConfig
+from components.serving.cache import cache_problems
 from components.serving.budget import budget_problem, go_duration, nodepool_termination_grace_s
 from components.serving.config import ModelConfig, Placement, model_budget
 
@@ -318,6 +319,8 @@ def _placements(s: StackConfig) -> list[str]:
                 key, m, pool, pool_key, pool_topology_policy(cluster, pool), effective_reserved_cpus(cluster, pool)
             )
             errs += _drain_budget(key, m, cluster, pool, pool_key)
+            per_node = max(1, min(t.gpu_count for t in pool.instance_types) // m.engine.gpus_per_replica)
+            errs += cache_problems(key, m, cluster_cloud(cluster), pool.node_disk_gib, per_node, pool_key)
     return errs
 
 

@@ -291,6 +291,29 @@ BOUNDARY_CASES: list[tuple[str, str, list[Callable[[dict[str, Any]], None]], lis
       "models[1].placements[4].cluster: model 'llama-70b-economy' is already placed on cluster 'nowhere' "
       "(models[1].placements[2]); allowed: one placement per cluster (use another model entry to serve it from "
       "a second pool)"]),
+    # the model cache (components/serving/cache.py): emptyDir caches of the replicas one node holds
+    # against 90 % of its disk, and a host path the node image can create
+    ("cache-fits-at-90-percent-of-the-node-disk", "dev", [_set("models[0].cache", {"size_gib": 377})], []),
+    ("cache-overflows-the-node-disk", "dev", [_set("models[0].cache", {"size_gib": 378})],
+     ["models[0].cache.size_gib: 1 replica(s) per node x 378 GiB = 378 GiB exceed the 377 GiB a node of "
+      "clusters[0].gpu_pools[0] can hold (90 % of 419 GiB); allowed: a larger disk on clusters[0].gpu_pools[0], "
+      "or cache.kind host_path (one copy per node) or pvc"]),
+    # p5.48xlarge holds two TP=4 replicas (prod-use1); a3-highgpu-4g one (prod-usc1, 8 local SSDs)
+    ("two-replicas-per-node-share-its-disk", "prod", [_set("models[0].cache", {"size_gib": 12741})],
+     ["models[0].cache.size_gib: 2 replica(s) per node x 12741 GiB = 25482 GiB exceed the 25481 GiB a node of "
+      "clusters[0].gpu_pools[0] can hold (90 % of 28312 GiB); allowed: a larger disk on clusters[0].gpu_pools[0], "
+      "or cache.kind host_path (one copy per node) or pvc",
+      "models[0].cache.size_gib: 1 replica(s) per node x 12741 GiB = 12741 GiB exceed the 2515 GiB a node of "
+      "clusters[1].gpu_pools[0] can hold (90 % of 2794 GiB); allowed: a larger disk on clusters[1].gpu_pools[0], "
+      "or cache.kind host_path (one copy per node) or pvc"]),
+    ("one-replica-short-of-two", "prod", [_set("models[0].cache", {"size_gib": 12740})],
+     ["models[0].cache.size_gib: 1 replica(s) per node x 12740 GiB = 12740 GiB exceed the 2515 GiB a node of "
+      "clusters[1].gpu_pools[0] can hold (90 % of 2794 GiB); allowed: a larger disk on clusters[1].gpu_pools[0], "
+      "or cache.kind host_path (one copy per node) or pvc"]),
+    ("host-path-on-cos-read-only-root", "byo", [_set("models[0].cache", {"kind": "host_path", "host_path": "/mnt/models"})],
+     ["models[0].cache.host_path: '/mnt/models' is on Container-Optimized OS's read-only root, where the kubelet "
+      "cannot create it; allowed: a path under /var, /home, /mnt/stateful_partition, /mnt/disks"]),
+    ("host-path-under-var-on-cos", "byo", [_set("models[0].cache", {"kind": "host_path", "host_path": "/var/models"})], []),
 ]
 
 

@@ -249,7 +249,10 @@ def test_boot_disk_read_throughput_scales_with_size_between_baseline_and_vm_cap(
     assert spec.boot_disk_read_mib_s(disk, gb) == mib_s
 
 
-def test_gke_pools_tell_serving_where_and_how_fast_the_cache_is(prod_run):
+def test_gke_pools_tell_serving_where_and_how_fast_the_cache_is():
+    from tests.test_model_cache import with_cache
+
+    prod_run = with_cache("prod", kind="host_path")  # the default, an emptyDir, needs no node path
     deployments = [
         r for r in prod_run.by_type("kubernetes:apps/v1:Deployment")
         if any(a.name.startswith(f"{GKE}-") for a in prod_run.ancestors(r))

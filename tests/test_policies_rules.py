@@ -23,6 +23,7 @@ TYPES = [
     common.EKS_COMPONENT, common.EKS_CLUSTER, common.GKE_CLUSTER, common.GKE_NODEPOOL, common.SQS_QUEUE,
     common.KMS_KEY, common.EKS_NODEGROUP, common.LAUNCH_TEMPLATE, common.CONFIGMAP, common.NETWORK_POLICY,
     common.SERVICE, common.NAMESPACE, common.PERSISTENT_VOLUME, common.PERSISTENT_VOLUME_CLAIM, common.SCALED_OBJECT,
+    "kubernetes:networking.k8s.io/v1:Ingress", "kubernetes:core/v1:Secret",
 ]
 
 
@@ -54,6 +55,10 @@ EMPTY_IS_VIOLATION = {
     ("gcp-gke-cluster-control-plane-hardened", common.GKE_CLUSTER),
     ("gcp-gke-cluster-private-nodes", common.GKE_CLUSTER),
     ("gcp-gke-cluster-workload-identity", common.GKE_CLUSTER),
+    # a NodePool with no requirement can launch any instance type, GPU types included (issue 38)
+    ("karpenter-nodepool-gpu-limit", common.NODEPOOL),
+    # an Ingress with no rules and no TLS serves its default route in clear
+    ("kubernetes-ingress-tls", "kubernetes:networking.k8s.io/v1:Ingress"),
 }
 
 
@@ -330,7 +335,7 @@ def test_default_host_paths_are_the_model_caches_the_platform_places():
     """The pack restates the platform's cache paths (it runs without the platform's code)."""
     from components.aws.disks import NVME_MODEL_CACHE_PATH
     from components.gcp.specs import COS_MODEL_CACHE_DIR
-    from components.serving.config import ModelCache
+    from components.serving.cache import DEFAULT_HOST_PATH
     from policies.pod_security_rules import DEFAULT_HOST_PATHS
 
-    assert set(DEFAULT_HOST_PATHS) == {ModelCache().host_path, NVME_MODEL_CACHE_PATH, COS_MODEL_CACHE_DIR}
+    assert set(DEFAULT_HOST_PATHS) == {DEFAULT_HOST_PATH, NVME_MODEL_CACHE_PATH, COS_MODEL_CACHE_DIR}

@@ -98,6 +98,14 @@ class AwsGpuPool(GpuPoolBase):
         names |= set(self.instance_types_allowed)
         return [cat.aws[n] for n in sorted(names)]
 
+    @property
+    def node_disk_gib(self) -> float:
+        """The kubelet's ephemeral storage on the pool's smallest node, in GiB: the NVMe RAID0 (the
+        catalog's `local_nvme_gb`, GB) with `instance-store`, else the root volume."""
+        if self.model_cache == "instance-store":
+            return min(t.local_nvme_gb for t in self.instance_types) * 1e9 / 2**30
+        return float(self.root_volume_gib)
+
 
 class AwsNetwork(Base):
     vpc_cidr: Cidr = ipaddress.IPv4Network("10.0.0.0/16")

@@ -37,6 +37,9 @@ class ExistingGpuPool(Base):
     """What the existing nodes' kubelet is set to (validation only; nothing is changed)."""
     on_demand_fallback: bool = False
     """Whether the nodes have an on-demand fallback (informational)."""
+    node_disk_gib: Optional[int] = Field(None, ge=1)
+    """The nodes' ephemeral storage (the kubelet's root dir), GiB: when set, an `empty_dir` model
+    cache is checked against it (validation only)."""
 
     @field_validator("gpu")
     @classmethod

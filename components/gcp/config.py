@@ -14,6 +14,10 @@ from components.config_types import GKE_DEFAULT_SPOT_NOTICE_S, Base, Cidr, Name,
 from components.node_pools import GpuPoolBase, KubeletNumaConfig
 
 
+LOCAL_SSD_GB = 375
+"""One bundled local SSD disk (components/data/gpu_catalog.yaml `gcp_bundled_local_ssds`: 375 GB NVMe disks)."""
+
+
 class GcpGpuPool(GpuPoolBase):
     machine_type: str
     """GCE machine type with GPUs, from the catalog (e.g. `a3-highgpu-4g`)."""
@@ -115,6 +119,14 @@ class GcpGpuPool(GpuPoolBase):
     @property
     def instance_types(self) -> list[InstanceType]:
         return [load_catalog().gcp[self.machine_type]]
+
+    @property
+    def node_disk_gib(self) -> float:
+        """The kubelet's ephemeral storage per node, in GiB: the machine's bundled local SSDs (the
+        catalog's `gcp_bundled_local_ssds`, 375 GB each; components/gcp/specs.py puts ephemeral
+        storage on them), else the boot disk (`disk_size_gb`, GB)."""
+        ssds = load_catalog().gcp_bundled_local_ssds.get(self.machine_type, 0)
+        return (ssds * LOCAL_SSD_GB if ssds else self.disk_size_gb) * 1e9 / 2**30
 
 
 GKE_EXTENDED_NOTICE_MIN_VERSION = "1.35.0-gke.1171000"

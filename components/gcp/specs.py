@@ -40,7 +40,7 @@ NODE_SA_ROLES = (
 COS_MODEL_CACHE_DIR = "/var/lib/gpuinfra/models"
 """Where a host_path model cache lives on GKE nodes: COS mounts `/` read-only, while `/var` is
 writable and stateful (on the boot disk) ("Disks and file system overview", Container-Optimized OS
-docs), so the serving default `/mnt/models` could not be created there."""
+docs); components/serving/cache.py keeps a model's own path under the writable roots."""
 
 PD_READ_MIB_S_PER_GIB = {"pd-balanced": 0.28, "pd-ssd": 0.48}
 PD_READ_MIB_S_PER_VM = 1200

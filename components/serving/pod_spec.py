@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from components.platform.cluster_handle import CAPACITY_LABEL, POOL_LABEL, GpuPoolInfo, node_selector_term
+from components.serving.cache import cache_requests, cache_volume
 from components.serving.budget import IDLE_SAMPLES, POLL_INTERVAL_S, PROBE_PERIOD_S, DrainBudget
 from components.serving.config import ModelConfig, Placement, agent_port, model_budget
 from components.serving.spread import topology_spread
@@ -171,14 +172,10 @@ def node_affinity(pool: GpuPoolInfo) -> dict[str, Any]:
 
 
 def volumes(m: ModelConfig, name: str, pool_host_path: Optional[str] = None) -> list[dict[str, Any]]:
-    if m.cache.kind == "host_path":
-        path = pool_host_path or m.cache.host_path  # the pool's node image may dictate where (GKE COS)
-        cache = {"name": "model-cache", "hostPath": {"path": path, "type": "DirectoryOrCreate"}}
-    else:
-        cache = {"name": "model-cache", "persistentVolumeClaim": {"claimName": pvc_name(name)}}
+    """`pool_host_path`: where the pool's node image keeps a `host_path` cache (components/serving/cache.py)."""
     return [
         {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{m.shm_size_gib}Gi"}},
-        cache,
+        cache_volume(m, pvc_name(name), pool_host_path),
         {"name": "drain", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
         # The API token, only in the drain sidecar (the pod does not automount one).
         {"name": "drain-api", "projected": {"sources": [
@@ -237,7 +234,7 @@ def vllm_container(m: ModelConfig, pool: GpuPoolInfo, hf_secret: Optional[str], 
         "args": vllm_args(m, shutdown_timeout_s=b.shutdown_s),
         "ports": [{"name": HTTP_PORT_NAME, "containerPort": e.port, "protocol": "TCP"}],
         "env": env,
-        "resources": {"requests": dict(res), "limits": dict(res)},
+        "resources": {"requests": {**res, **cache_requests(m)}, "limits": dict(res)},
         "volumeMounts": [
             {"name": "shm", "mountPath": "/dev/shm"},
             {"name": "model-cache", "mountPath": MODELS_MOUNT},
