@@ -299,7 +299,8 @@ class CudaLat(Unit):
         self.links = [link for link in self.links if link not in links]
 
     def attached_symbols(self) -> set[str]:
-        return {sym for lib in self.probed.values() for sym in lib.symbols}
+        with self._lock:
+            return {sym for lib in self.probed.values() for sym in lib.symbols}
 
     def _write_window(self, number: int) -> None:
         self.obj.map("cudalat_window").update(struct.pack("=I", 0), struct.pack("=Q", number))
@@ -389,8 +390,10 @@ class CudaLat(Unit):
 
     @property
     def probes(self) -> int:
-        """Uprobes attached now (entry and return per symbol)."""
-        return sum(2 * len(lib.symbols) for lib in self.probed.values())
+        """Uprobes attached now (entry and return per symbol). Read at scrape time, while the
+        sampler thread may be changing the libraries: under the lock."""
+        with self._lock:
+            return sum(2 * len(lib.symbols) for lib in self.probed.values())
 
     def prune(self, dead: set[int]) -> int:
         """Drop the histograms of cgroups that no longer exist; returns how many entries went."""
