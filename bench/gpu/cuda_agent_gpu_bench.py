@@ -182,10 +182,10 @@ def run(a) -> dict:
     graph = dec.capture()
     g100 = graph_of_100(torch)
     x = torch.zeros(1, device="cuda")
-    jobs = {"decode-eager": lambda: decode(dec, a.seconds), "decode-graph": lambda: decode(dec, a.seconds, graph),
-            "tiny-launch": lambda: tiny_launches(torch, x, a.seconds), "graph-100": lambda: replay(torch, g100, a.seconds)}
-    for job in jobs.values():  # warm-up: cuBLAS handles, allocator, clocks
-        job()
+    jobs = {"decode-eager": lambda t: decode(dec, t), "decode-graph": lambda t: decode(dec, t, graph),
+            "tiny-launch": lambda t: tiny_launches(torch, x, t), "graph-100": lambda t: replay(torch, g100, t)}
+    for job in jobs.values():  # warm-up, one chunk each: cuBLAS handles, allocator, clocks
+        job(0)
 
     bpffs = tempfile.mkdtemp(prefix="gpuinfra-bench-bpffs-")
     subprocess.run(["mount", "-t", "bpf", "bpf", bpffs], check=True, timeout=30)
@@ -206,7 +206,7 @@ def run(a) -> dict:
                     for w in WORKLOADS:
                         before = agent.counts() if agent else {}
                         t0 = time.monotonic()
-                        units, elapsed = jobs[w]()
+                        units, elapsed = jobs[w](a.seconds)
                         wall = time.monotonic() - t0
                         results[w][mode].append(elapsed / units)
                         if agent:
