@@ -38,14 +38,16 @@ from components.pod_security import namespace_pod_security
 
 
 def cuda_launch_traced(cfg: StackConfig) -> bool:
-    """Whether the agent exports `cudaLaunchKernel` enqueue times (CudaLaunchStall's series): CUDA
-    uprobes on, and either the /proc scan (it finds the libcudart inside each vLLM image) or a
-    listed libcudart. A list of driver libraries only (`libcuda.so`) sees `cuLaunchKernel`, never
-    `cudaLaunchKernel` (docs/ebpf-agent.md, least privilege for CUDA tracing)."""
+    """Whether the agent exports kernel launch enqueue times (CudaLaunchStall's series): CUDA uprobes
+    on, and either the /proc scan (it finds the driver library each vLLM process maps) or a listed
+    driver library. Launches are probed at the driver's entry points (`cuLaunchKernel`,
+    `cuLaunchKernelEx` in libcuda); a list of runtime libraries only (`libcudart.so`) sees copies,
+    allocations and synchronizations, never a launch (docs/ebpf-agent.md, least privilege for CUDA
+    tracing)."""
     a = cfg.ebpf_agent
     paths = a.cuda_uprobes.library_paths
     return a.enabled and a.cuda_uprobes.enabled and (
-        not paths or any(p.rsplit("/", 1)[-1].startswith("libcudart") for p in paths))
+        not paths or any(p.rsplit("/", 1)[-1].startswith("libcuda.") for p in paths))
 
 
 def platform_labels(cfg: StackConfig) -> dict[str, str]:

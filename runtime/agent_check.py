@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
 import socket
 import threading
 import time
@@ -38,10 +39,15 @@ KV_USAGE = ("vllm:kv_cache_usage_perc",)
 `vllm:` name in runtime/ against the pinned release's evidence)."""
 CUDA_LAUNCH_SUM = "ebpf_cuda_call_enqueue_seconds_sum"
 CUDA_LAUNCH_COUNT = "ebpf_cuda_call_enqueue_seconds_count"
+CUDA_SAMPLED = "ebpf_cuda_sampled_seconds_total"
 TCP_SAMPLES = "ebpf_tcp_send_samples_total"
 TCP_BACKPRESSURE = "ebpf_tcp_send_backpressure_total"
-"""The node agent's names (bpf/agent/metrics.py): the cudaLaunchKernel enqueue histogram and the
-TCP send backpressure counters whose rate ratio is the backpressure share."""
+"""The node agent's names (bpf/agent/metrics.py): the enqueue histogram, whose kernel launches it
+probes at the driver's entry points and counts in sampling windows only, the time those windows
+covered, and the TCP send backpressure counters whose rate ratio is the backpressure share."""
+CUDA_LAUNCH_CALLS = ("cuLaunchKernel", "cuLaunchKernelEx")
+"""The agent's `call` labels of kernel launches (bpf/agent/cudalat.py LAUNCH_CALLS)."""
+_CALL_LABEL = re.compile(r'[{,]call="([^"]*)"')
 
 
 @dataclass(frozen=True)
@@ -53,7 +59,7 @@ class Thresholds:
     stale_s: float = 2.0
     """A load snapshot older than this reads as saturated (weight 0): no fresh data, no new work."""
     launch_latency_s: float = 0.0
-    """Mean cudaLaunchKernel enqueue time over the last interval above this is node pressure (0: off)."""
+    """Mean kernel launch enqueue time over the last sampled interval above this is node pressure (0: off)."""
     backpressure_ratio: float = 0.0
     """Share of TCP sends that hit send-buffer backpressure above this is node pressure (0: off)."""
     pressure_factor: float = 0.5
@@ -124,17 +130,24 @@ def parse_samples(text: str, names: Iterable[str]) -> dict[str, float]:
 
 
 def cuda_launch_only(text: str) -> str:
-    """Only the cudaLaunchKernel series of the enqueue histogram (other calls are not launches)."""
+    """Only the kernel launch series of the enqueue histogram (copies and graph launches are not
+    kernel launches)."""
     keep = []
     for line in text.splitlines():
-        if line.startswith("ebpf_cuda_call_enqueue_seconds") and 'call="cudaLaunchKernel"' not in line:
-            continue
+        if line.startswith("ebpf_cuda_call_enqueue_seconds"):
+            call = _CALL_LABEL.search(line)
+            if call is None or call.group(1) not in CUDA_LAUNCH_CALLS:
+                continue
         keep.append(line)
     return "\n".join(keep) + "\n"
 
 
-def node_rates(prev: Mapping[str, float], cur: Mapping[str, float]) -> tuple[Optional[float], Optional[float]]:
-    """(mean launch latency s, backpressure ratio) between two scrapes of the node agent."""
+def node_rates(prev: Mapping[str, float], cur: Mapping[str, float],
+               held_latency: Optional[float] = None) -> tuple[Optional[float], Optional[float]]:
+    """(mean launch latency s, backpressure ratio) between two scrapes of the node agent. The agent
+    counts launches only in its sampling windows: an interval that no window covered (its sampled
+    seconds did not move) says nothing new, so the last latency measured (`held_latency`) stands,
+    and the pressure does not come and go with the windows."""
 
     def delta(name: str) -> Optional[float]:
         if name not in prev or name not in cur or cur[name] < prev[name]:
@@ -143,6 +156,8 @@ def node_rates(prev: Mapping[str, float], cur: Mapping[str, float]) -> tuple[Opt
 
     n, total = delta(CUDA_LAUNCH_COUNT), delta(CUDA_LAUNCH_SUM)
     lat = total / n if n and total is not None else None
+    if lat is None and delta(CUDA_SAMPLED) == 0:
+        lat = held_latency
     samples, bp = delta(TCP_SAMPLES), delta(TCP_BACKPRESSURE)
     ratio = bp / samples if samples and bp is not None else None
     return lat, ratio
@@ -188,12 +203,13 @@ class Poller:
         if text is None:
             return
         try:
-            cur = parse_samples(cuda_launch_only(text), (CUDA_LAUNCH_SUM, CUDA_LAUNCH_COUNT, TCP_SAMPLES, TCP_BACKPRESSURE))
+            cur = parse_samples(cuda_launch_only(text), (CUDA_LAUNCH_SUM, CUDA_LAUNCH_COUNT, CUDA_SAMPLED,
+                                                         TCP_SAMPLES, TCP_BACKPRESSURE))
         except ValueError:
             return
         with self.lock:
             if self.node_prev is not None:
-                self.node_rates = node_rates(self.node_prev, cur)
+                self.node_rates = node_rates(self.node_prev, cur, held_latency=self.node_rates[0])
             self.node_prev = cur
 
     def snapshot(self) -> Snapshot:

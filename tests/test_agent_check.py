@@ -68,12 +68,39 @@ def test_node_rates_from_two_scrapes():
     assert ac.node_rates({}, cur) == (None, None)
 
 
-def test_only_cuda_launches_count_as_launch_latency():
-    text = ('ebpf_cuda_call_enqueue_seconds_sum{call="cudaLaunchKernel",pod="a"} 2\n'
+def test_only_kernel_launches_count_as_launch_latency():
+    """The agent probes kernel launches at the driver (cuLaunchKernel, cuLaunchKernelEx; issue 35).
+    Copies, graph launches and an older agent's pinned runtime-side cudaLaunchKernel series are not
+    counted (that older agent counted each launch at both layers)."""
+    text = ('ebpf_cuda_call_enqueue_seconds_sum{call="cuLaunchKernel",pod="a"} 2\n'
+            'ebpf_cuda_call_enqueue_seconds_sum{call="cuLaunchKernelEx",pod="a"} 1\n'
             'ebpf_cuda_call_enqueue_seconds_sum{call="cudaMemcpyAsync",pod="a"} 50\n'
-            'ebpf_cuda_call_enqueue_seconds_count{call="cudaLaunchKernel",pod="a"} 4\n')
-    got = ac.parse_samples(ac.cuda_launch_only(text), (ac.CUDA_LAUNCH_SUM, ac.CUDA_LAUNCH_COUNT))
-    assert got == {ac.CUDA_LAUNCH_SUM: 2.0, ac.CUDA_LAUNCH_COUNT: 4.0}
+            'ebpf_cuda_call_enqueue_seconds_sum{call="cuGraphLaunch",pod="a"} 70\n'
+            'ebpf_cuda_call_enqueue_seconds_sum{call="cudaLaunchKernel",pod="a"} 90\n'
+            'ebpf_cuda_call_enqueue_seconds_count{call="cuLaunchKernel",pod="a"} 4\n'
+            'ebpf_cuda_call_enqueue_seconds_count{call="cuLaunchKernelEx",pod="a"} 2\n'
+            'ebpf_cuda_call_enqueue_seconds_count{call="cudaLaunchKernel",pod="a"} 4\n'
+            'ebpf_cuda_sampled_seconds_total 12.5\n')
+    got = ac.parse_samples(ac.cuda_launch_only(text), (ac.CUDA_LAUNCH_SUM, ac.CUDA_LAUNCH_COUNT, ac.CUDA_SAMPLED))
+    assert got == {ac.CUDA_LAUNCH_SUM: 3.0, ac.CUDA_LAUNCH_COUNT: 6.0, ac.CUDA_SAMPLED: 12.5}
+
+
+def test_launch_latency_holds_between_sampling_windows_only():
+    """The agent counts launches in windows (a few seconds of each period): an interval no window
+    covered keeps the last latency, so node pressure does not come and go with the windows; a
+    window that saw no launch (an idle GPU) is no signal."""
+    prev = {ac.CUDA_LAUNCH_SUM: 1.0, ac.CUDA_LAUNCH_COUNT: 1000, ac.CUDA_SAMPLED: 3.0}
+    between = dict(prev)
+    assert ac.node_rates(prev, between, held_latency=0.004) == (0.004, None)
+    idle = {**prev, ac.CUDA_SAMPLED: 6.0}
+    assert ac.node_rates(prev, idle, held_latency=0.004) == (None, None)
+    fresh = {ac.CUDA_LAUNCH_SUM: 1.2, ac.CUDA_LAUNCH_COUNT: 1100, ac.CUDA_SAMPLED: 6.0}
+    lat, _ = ac.node_rates(prev, fresh, held_latency=0.004)
+    assert lat == pytest.approx(0.002)
+    restarted = {ac.CUDA_LAUNCH_SUM: 0.0, ac.CUDA_LAUNCH_COUNT: 0, ac.CUDA_SAMPLED: 0.5}
+    assert ac.node_rates(prev, restarted, held_latency=0.004) == (None, None), "an agent restart holds nothing"
+    old_agent = {ac.CUDA_LAUNCH_SUM: 1.0, ac.CUDA_LAUNCH_COUNT: 1000}
+    assert ac.node_rates(old_agent, dict(old_agent), held_latency=0.004) == (None, None)
 
 
 def test_vllm_metrics_parse_with_labels_summed_over_engines():

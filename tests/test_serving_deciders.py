@@ -15,7 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from components.serving.alerts import CUDA_LAUNCH_CALL, CUDA_METRIC, AlertSignals, alert_rules, pod_regex, prometheus_rule_spec
+from components.serving.alerts import (CUDA_ALERT_RANGE, CUDA_LAUNCH_CALLS, CUDA_LAUNCH_SELECTOR, CUDA_METRIC,
+                                      AlertSignals, alert_rules, pod_regex, prometheus_rule_spec)
 from components.platform.cluster_handle import GPU_TOLERATION, GpuPoolInfo
 from components.platform.config import AlertThresholds
 from components.serving.config import ModelConfig
@@ -303,7 +304,7 @@ def test_alerts_cover_every_required_signal():
     assert "gpu_cache_usage_perc" not in json.dumps(rules)
     assert "histogram_quantile(0.99" in by["VllmTtftP99High"]["expr"]
     assert "vllm:time_to_first_token_seconds_bucket" in by["VllmTtftP99High"]["expr"] and "> 2.5" in by["VllmTtftP99High"]["expr"]
-    assert f'{CUDA_METRIC}_bucket{{call="{CUDA_LAUNCH_CALL}"' in by["CudaLaunchStall"]["expr"]
+    assert f'{CUDA_METRIC}_bucket{{{CUDA_LAUNCH_SELECTOR},' in by["CudaLaunchStall"]["expr"]
     assert 'gpuinfra_drain_in_progress{namespace="llm-serving",job="llama",reason="spot"}[2m]' in by["VllmSpotDrainStarted"]["expr"]
     text = by["VllmSpotDrainStarted"]["annotations"]["description"]
     assert "Karpenter" in text and "graceful node shutdown" in text and "notice" not in by["VllmSpotDrainStarted"]["annotations"]["summary"]
@@ -325,10 +326,35 @@ def test_an_alert_is_rendered_only_with_the_signal_it_watches(cuda, spot, absent
     assert got == every - absent
 
 
-def test_cuda_metric_is_the_one_the_ebpf_agent_exports():
+def _agent_constant(module: str, name: str):
+    import ast
+
+    tree = ast.parse((ROOT / "bpf" / "agent" / module).read_text())
+    (value,) = [n.value for n in tree.body if isinstance(n, ast.Assign) and any(
+        isinstance(t, ast.Name) and t.id == name for t in n.targets)]
+    return ast.literal_eval(value)
+
+
+def test_cuda_metric_and_launch_calls_are_the_ones_the_ebpf_agent_exports():
+    """The alert selects the `call` labels the agent gives kernel launches (the driver's entry points,
+    probed once since issue 35); the runtime's cudaLaunchKernel is no longer probed."""
     agent = (ROOT / "bpf" / "agent" / "metrics.py").read_text()
     assert f'"{CUDA_METRIC}"' in agent
-    assert CUDA_LAUNCH_CALL in (ROOT / "bpf" / "cudalat.bpf.c").read_text() + agent
+    assert CUDA_LAUNCH_CALLS == _agent_constant("cudalat.py", "LAUNCH_CALLS")
+    assert CUDA_LAUNCH_SELECTOR == 'call=~"cuLaunchKernel|cuLaunchKernelEx"'
+
+
+def test_cuda_alert_range_holds_several_sampling_windows_at_the_longest_period():
+    """The agent counts launches only in its sampling windows; a range shorter than a period could
+    hold none (NaN: the alert would resolve between windows). The stack allows periods up to
+    SAMPLE_PERIOD_RANGE[1]; the rule's range must hold at least five of them."""
+    from components.agent.config import SAMPLE_PERIOD_RANGE
+
+    rule = {r["alert"]: r for r in alert_rules(model(), "llama", "ns", AlertThresholds(),
+                                                AlertSignals(cuda_tracing=True))}["CudaLaunchStall"]
+    (rng,) = set(re.findall(r"\[(\d+)m\]", rule["expr"]))
+    assert f"[{CUDA_ALERT_RANGE}]" in rule["expr"]
+    assert int(rng) * 60 >= 5 * SAMPLE_PERIOD_RANGE[1], (rng, SAMPLE_PERIOD_RANGE)
 
 
 def test_rule_groups_have_names():

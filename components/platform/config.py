@@ -22,7 +22,7 @@ class AlertThresholds(Base):
     ttft_p99_seconds: float = Field(2.0, gt=0)
     """Alert when p99 time-to-first-token exceeds this."""
     cuda_launch_p99_seconds: float = Field(0.001, gt=0)
-    """Alert when p99 `cudaLaunchKernel` enqueue time (eBPF agent) exceeds this."""
+    """Alert when the p99 CUDA kernel launch enqueue time (eBPF agent, sampled) exceeds this."""
 
 
 class WebhookReceiver(Base):
