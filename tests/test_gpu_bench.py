@@ -119,3 +119,4 @@ def test_the_table_reads_medians_ratios_and_counts():
     cells = [c.strip() for c in tiny.strip("|").split("|")]
     assert cells[1:7] == ["2200000.000", "2020000.000", "0.918x", "2300000.000", "1.045x", "100/100 = 1.0000"], cells
     assert cells[7] == "10/100 = 0.1000, 0.100", cells
+    assert cells[8] == "0.227-1.010", cells  # 2.02/2.0, 2.0/2.2, 2.04/9.0: each round against its own off

@@ -189,13 +189,13 @@ def run(a) -> dict:
 
     bpffs = tempfile.mkdtemp(prefix="gpuinfra-bench-bpffs-")
     subprocess.run(["mount", "-t", "bpf", "bpf", bpffs], check=True, timeout=30)
-    modes = {"off": None, "sampled": a.fraction, "always": 1.0}
+    modes = {m: f for m, f in {"off": None, "sampled": a.fraction, "always": 1.0}.items() if m in a.modes}
     results: dict[str, dict[str, list]] = {w: {m: [] for m in modes} for w in WORKLOADS}
     counts: dict[str, dict[str, list]] = {w: {m: [] for m in modes} for w in WORKLOADS}
     attach_mode = "?"
     try:
         for r in range(a.rounds):
-            order = list(modes)[r % 3:] + list(modes)[:r % 3]
+            order = list(modes)[r % len(modes):] + list(modes)[:r % len(modes)]
             for mode in order:
                 agent = None
                 if modes[mode] is not None:
@@ -203,7 +203,7 @@ def run(a) -> dict:
                                   a.period, a.libbpf)
                     attach_mode = agent.mode
                 try:
-                    for w in WORKLOADS:
+                    for w in a.workloads:
                         before = agent.counts() if agent else {}
                         t0 = time.monotonic()
                         units, elapsed = jobs[w](a.seconds)
@@ -240,25 +240,35 @@ def run(a) -> dict:
 
 def table(out: dict, a) -> str:
     med = {w: {m: statistics.median(v) for m, v in out["results"][w].items() if v} for w in WORKLOADS}
+
+    def cell(m: dict, mode: str, scale: float) -> str:
+        return f"{m[mode] * scale:.3f}" if mode in m else "n/a"
+
     lines = [f"| workload | off | sampled ({a.fraction:g} of {a.period:g} s) | ratio | always on | ratio | "
-             "counted/made (always) | counted/made (sampled), windows' share |", "|---|---|---|---|---|---|---|---|"]
+             "counted/made (always) | counted/made (sampled), windows' share | sampled/off by round (min-max) |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for w in WORKLOADS:
         unit, scale = UNITS[w]
         m = med[w]
+        if not m:
+            continue
 
         def ratio(mode: str) -> str:
             return f"{m[mode] / m['off']:.3f}x" if mode in m and "off" in m else "n/a"
 
         def seen(mode: str) -> str:
-            rows = out["counts"][w][mode]
+            rows = out["counts"][w].get(mode, [])
             if not rows or rows[0]["made"] is None:
                 return "n/a (no profiler count)" if rows else "n/a"
             got, made = sum(x["seen"] for x in rows), sum(x["made"] for x in rows)
             cov = sum(x["covered"] for x in rows) / len(rows)
             return f"{got:,.0f}/{made:,.0f} = {got / made:.4f}" + (f", {cov:.3f}" if mode == "sampled" else "")
 
-        lines.append(f"| {w} ({unit}) | {m['off'] * scale:.3f} | {m['sampled'] * scale:.3f} | {ratio('sampled')} | "
-                     f"{m['always'] * scale:.3f} | {ratio('always')} | {seen('always')} | {seen('sampled')} |")
+        # Each round runs every mode back to back: its own ratio shows the spread the medians hide.
+        by_round = [s / o for s, o in zip(out["results"][w].get("sampled", []), out["results"][w].get("off", []))]
+        spread = f"{min(by_round):.3f}-{max(by_round):.3f}" if by_round else "n/a"
+        lines.append(f"| {w} ({unit}) | {cell(m, 'off', scale)} | {cell(m, 'sampled', scale)} | {ratio('sampled')} | "
+                     f"{cell(m, 'always', scale)} | {ratio('always')} | {seen('always')} | {seen('sampled')} | {spread} |")
     return "\n".join(lines)
 
 
@@ -270,10 +280,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--period", type=float, default=2.0,
                     help="the sampled mode's period; shorter than the stack's 30 s so that every run spans "
                          "several windows (15x the window switches of the default: an upper bound on their cost)")
+    ap.add_argument("--workloads", type=lambda s: [w for w in s.split(",") if w], default=list(WORKLOADS),
+                    help=f"comma-separated subset of {','.join(WORKLOADS)}")
+    ap.add_argument("--modes", type=lambda s: [m for m in s.split(",") if m], default=["off", "sampled", "always"],
+                    help="comma-separated subset of off,sampled,always")
     ap.add_argument("--bpf-dir", default=os.path.join(BPF, "build"))
     ap.add_argument("--libbpf", default=os.environ.get("LIBBPF_SO"))
     ap.add_argument("--out", help="write the results as JSON here")
     a = ap.parse_args(argv)
+    if set(a.workloads) - set(WORKLOADS) or set(a.modes) - {"off", "sampled", "always"} or "off" not in a.modes:
+        ap.error(f"--workloads from {','.join(WORKLOADS)}; --modes from off,sampled,always and including off")
     reason = skip_reason(a.bpf_dir, a.libbpf)
     if reason:
         print(f"SKIP: {reason}")
