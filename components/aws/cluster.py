@@ -26,6 +26,7 @@ from components.aws.eks import (
     SYSTEM_NODE_METADATA_OPTIONS,
     check_cni_unchanged,
     cni_mode,
+    control_plane_log_group_args,
     coredns_configuration,
     eks_cluster_settings,
     endpoint_from_kubeconfig,
@@ -158,6 +159,8 @@ class AwsGpuCluster(pulumi.ComponentResource):
                 enable_key_rotation=True,
                 opts=on_aws,
             )
+        # EKS would create this group itself (no retention, never deleted); the cluster waits for ours.
+        log_group = aws.cloudwatch.LogGroup(f"{name}-control-plane-logs", **control_plane_log_group_args(c), opts=on_aws)
         # Logical name = the cluster name: pulumi-eks auto-names its EKS service role
         # `<logical>-eksRole-role-<7 hex>`, which a `-eks` suffix would push past IAM's 64 characters.
         self.cluster = eks.Cluster(
@@ -172,7 +175,8 @@ class AwsGpuCluster(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions.merge(
                 child,
                 pulumi.ResourceOptions(
-                    providers={"aws": aws_provider}, aliases=[pulumi.Alias(name=f"{name}-eks")], depends_on=guarded.depends_on
+                    providers={"aws": aws_provider}, aliases=[pulumi.Alias(name=f"{name}-eks")],
+                    depends_on=[*guarded.depends_on, log_group],
                 ),
             ),
         )

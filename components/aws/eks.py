@@ -16,6 +16,19 @@ creation-only, so this is the only place the choice can be read back from)."""
 SYSTEM_NODE_LABEL = {"gpuinfra.io/node-role": "system"}
 
 
+def control_plane_log_group_args(c: AwsCluster) -> dict[str, Any]:
+    """The CloudWatch log group EKS writes the control-plane logs to, created by the stack first.
+
+    EKS sends each enabled log type to the group `/aws/eks/<cluster>/cluster` (EKS user guide, "Send
+    control plane logs to CloudWatch Logs", awsdocs/amazon-eks-user-guide
+    latest/ug/observability/control-plane-logs.adoc @7b9bf3d4: "The log group name format is
+    `/aws/eks/my-cluster/cluster`"; ingestion and storage are billed). Left to EKS, the group is
+    created with CloudWatch's default retention (never expire) and is not deleted with the cluster.
+    Owned by the stack and created before the cluster, it has a retention and `destroy` deletes it
+    after the cluster."""
+    return {"name": f"/aws/eks/{c.name}/cluster", "retention_in_days": c.control_plane_log_retention_days}
+
+
 def eks_cluster_settings(c: AwsCluster) -> dict[str, Any]:
     """Plain keyword arguments for `eks.Cluster` (networking and keys are wired by the component).
 
