@@ -1,6 +1,6 @@
 """Pure deciders for how things reach a GKE cluster: the deployer's kubeconfig (DNS-based control-plane
 endpoint, gke-gcloud-auth-plugin with application-default credentials), the firewall rule that lets
-the private control plane call add-on webhooks on the nodes, and the project APIs the stack needs.
+the private control plane call add-on webhooks on the nodes (the project APIs: components/gcp/apis.py).
 
 Argument names match pulumi-gcp 10.2.0 (`container/_inputs.py`: ClusterControlPlaneEndpointsConfig*;
 `compute/firewall.py`; `projects/service.py`).
@@ -17,10 +17,6 @@ PRIVATE_CLUSTER_DEFAULT_PORTS = (443, 10250)
 """What GKE's own firewall rule lets the control plane reach on the nodes of a private cluster (GKE
 "Add firewall rules for specific use cases" in the private cluster how-to); anything else an add-on
 serves to the API server (webhooks, aggregated APIs) needs its own rule."""
-
-PROJECT_SERVICES = ("compute.googleapis.com", "container.googleapis.com")
-"""The APIs the stack's resources live in: VPC, router, NAT and firewall (Compute Engine); the
-cluster and its node pools (GKE)."""
 
 AUTH_PLUGIN = "gke-gcloud-auth-plugin"
 AUTH_PLUGIN_ARGS = ("--use_application_default_credentials",)
