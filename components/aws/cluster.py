@@ -40,7 +40,7 @@ from components.aws.cilium import Cilium, CiliumArgs
 from components.platform.cluster_handle import GPU_TOLERATION, POOL_LABEL, ClusterHandle, pool_info
 from components.aws.config import AwsCluster
 from components.config_loader import ConfigError
-from components.config_types import Environment
+from components.config_types import Cidr, Environment
 from components.aws.karpenter import Karpenter, KarpenterArgs
 from components.aws.device_plugin import (
     DEVICE_PLUGIN_CHART,
@@ -57,6 +57,8 @@ class AwsGpuClusterArgs:
     config: AwsCluster
     environment: Environment
     tags: dict[str, str] = field(default_factory=dict)
+    consumer_cidrs: tuple[Cidr, ...] = ()
+    """`api_cidrs` of the consumer teams onboarded on this cluster: admitted to the public endpoint."""
 
 
 class AwsGpuCluster(pulumi.ComponentResource):
@@ -171,7 +173,7 @@ class AwsGpuCluster(pulumi.ComponentResource):
             encryption_config_key_arn=kms_key.arn if kms_key else None,
             tags=tags,
             cluster_tags={CNI_TAG: cni},
-            **eks_cluster_settings(c),
+            **eks_cluster_settings(c, args.consumer_cidrs),
             opts=pulumi.ResourceOptions.merge(
                 child,
                 pulumi.ResourceOptions(

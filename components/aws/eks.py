@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Sequence
 
 from components.aws.config import AwsCluster
 from components.config_loader import ConfigError
+from components.config_types import Cidr
+from components.consumer_rules import eks_public_access_cidrs
 from components.aws.karpenter_specs import CILIUM_STARTUP_TAINT
 
 CLUSTER_LOG_TYPES = ["api", "audit", "authenticator"]
@@ -29,8 +31,13 @@ def control_plane_log_group_args(c: AwsCluster) -> dict[str, Any]:
     return {"name": f"/aws/eks/{c.name}/cluster", "retention_in_days": c.control_plane_log_retention_days}
 
 
-def eks_cluster_settings(c: AwsCluster) -> dict[str, Any]:
+def eks_cluster_settings(c: AwsCluster, consumer_cidrs: Sequence[Cidr] = ()) -> dict[str, Any]:
     """Plain keyword arguments for `eks.Cluster` (networking and keys are wired by the component).
+
+    The public endpoint admits the deployer's `endpoint.public_access_cidrs` and the `api_cidrs` of the
+    consumer teams onboarded here (`consumer_cidrs`): a team in another account reaches the API server
+    from its own network (EKS user guide, "Cluster API server endpoint": public access is limited to
+    `publicAccessCidrs`).
 
     With Cilium on, EKS must not bootstrap aws-node, kube-proxy or CoreDNS
     (`bootstrap_self_managed_addons=False`), and pulumi-eks must not add its own VPC CNI or
@@ -50,7 +57,7 @@ def eks_cluster_settings(c: AwsCluster) -> dict[str, Any]:
         "create_oidc_provider": True,
         "endpoint_private_access": c.endpoint.private_access,
         "endpoint_public_access": c.endpoint.public_access,
-        "public_access_cidrs": [str(n) for n in c.endpoint.public_access_cidrs] if c.endpoint.public_access else None,
+        "public_access_cidrs": eks_public_access_cidrs(c, list(consumer_cidrs)) if c.endpoint.public_access else None,
         "node_associate_public_ip_address": False,
         "enabled_cluster_log_types": list(CLUSTER_LOG_TYPES),
     }
