@@ -75,6 +75,30 @@ def endpoint_from_kubeconfig(kubeconfig: str | dict) -> str:
     return doc["clusters"][0]["cluster"]["server"]
 
 
+def certificate_authority_from_kubeconfig(kubeconfig: str | dict) -> str:
+    """The cluster CA (base64 PEM) in a pulumi-eks kubeconfig."""
+    doc = json.loads(kubeconfig) if isinstance(kubeconfig, str) else kubeconfig
+    return doc["clusters"][0]["cluster"]["certificate-authority-data"]
+
+
+EXEC_CREDENTIAL_API = "client.authentication.k8s.io/v1beta1"
+
+
+def eks_kube_auth(c: AwsCluster) -> dict[str, Any]:
+    """How a consumer authenticates to this cluster from any account: `aws eks get-token` with the
+    owning account's cluster name and region. It only presigns an STS `GetCallerIdentity` request
+    carrying the cluster name (`x-k8s-aws-id`) and never looks the cluster up, unlike `aws eks
+    update-kubeconfig`, which describes the cluster in the caller's own account (aws/aws-cli
+    `awscli/customizations/eks/get_token.py` @05c1ed9f; `--region` is the CLI's global option)."""
+    return {
+        "api_version": EXEC_CREDENTIAL_API,
+        "command": "aws",
+        "args": ["eks", "get-token", "--cluster-name", c.name, "--region", c.region, "--output", "json"],
+        "provide_cluster_info": False,
+        "install_hint": "Install the AWS CLI v2: https://docs.aws.amazon.com/cli/latest/userguide/getting-started-install.html",
+    }
+
+
 def system_node_taints(c: AwsCluster) -> list[dict[str, str]]:
     """EKS managed node group taints: the Cilium startup taint keeps pods off until the CNI is up."""
     if not c.cilium.enabled:

@@ -25,6 +25,18 @@ job with ADC or workload identity federation authenticates (kubernetes/cloud-pro
 cmd/auth-provider-gcp / gke-gcloud-auth-plugin flag `--use_application_default_credentials`)."""
 
 
+def gke_kube_auth() -> dict[str, Any]:
+    """How a consumer authenticates to the DNS endpoint: the same plugin as the deployer, with the
+    caller's own application-default credentials."""
+    return {
+        "api_version": "client.authentication.k8s.io/v1beta1",
+        "command": AUTH_PLUGIN,
+        "args": list(AUTH_PLUGIN_ARGS),
+        "provide_cluster_info": True,
+        "install_hint": "Install gke-gcloud-auth-plugin: gcloud components install gke-gcloud-auth-plugin",
+    }
+
+
 def control_plane_endpoints_config() -> dict[str, Any]:
     """Turn on GKE's DNS-based control-plane endpoint for user traffic. It is reachable from anywhere
     that reaches Google APIs and is guarded by IAM (`container.clusters.connect`), so the deployer

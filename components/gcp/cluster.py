@@ -168,6 +168,8 @@ class GcpGpuCluster(pulumi.ComponentResource):
             spot_notice_s=c.spot_notice_s,
             native=self.cluster,
             ready_after=[self.system_pool],
+            account=c.project,
+            kube_auth=access.gke_kube_auth(),
             extras={
                 "network": self.network,
                 "subnet": self.subnet,

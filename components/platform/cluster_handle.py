@@ -106,5 +106,11 @@ class ClusterHandle:
     native: Any = None
     """Escape hatch: the native cluster object (eks.Cluster, gcp.container.Cluster, or None)."""
     ready_after: list[pulumi.Resource] = field(default_factory=list)
+    account: Optional[pulumi.Input[str]] = None
+    """The cloud account that owns the cluster (AWS account id, GCP project id); None for an existing one."""
+    certificate_authority: Optional[pulumi.Input[str]] = None
+    """Base64 PEM of the API server's CA; None where the endpoint's certificate is publicly trusted."""
+    kube_auth: Optional[dict[str, Any]] = None
+    """The exec plugin a consumer's kubeconfig runs (gpuinfra_contract.KubeAuth's fields)."""
     """What must exist before workloads can run (CNI, DNS, system nodes); the platform layers wait on it."""
     extras: dict[str, Any] = field(default_factory=dict)
