@@ -11,14 +11,11 @@ can reach a cluster of another team's stack.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
 from components.aws.config import AwsCluster
 from components.config_types import Cidr
 from components.gcp.config import GcpCluster
-
-if TYPE_CHECKING:
-    from components.stack_config import StackConfig
 
 EKS_PUBLIC_CIDRS_MAX = 40
 
@@ -33,11 +30,12 @@ def eks_public_access_cidrs(c: AwsCluster, consumer_cidrs: list[Cidr]) -> list[s
     return out
 
 
-def consumer_cidrs_on(s: "StackConfig", cluster: str) -> list[Cidr]:
+def consumer_cidrs_on(s: Any, cluster: str) -> list[Cidr]:
     return [n for consumer in s.consumers_on(cluster) for n in consumer.api_cidrs]
 
 
-def consumer_rules(s: "StackConfig") -> list[str]:
+def consumer_rules(s: Any) -> list[str]:
+    """Errors of a StackConfig `s` (passed in by components/stack_config.py, which imports this module)."""
     errs: list[str] = []
     for i, c in enumerate(s.clusters):
         on = [(j, k) for j, k in enumerate(s.consumers) if not k.clusters or c.name in k.clusters]

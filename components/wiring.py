@@ -113,6 +113,7 @@ def build_layers(
             alert_secrets=loaded.alert_secrets,
             system_namespace_needed=cfg.ebpf_agent.enabled,
             consumers=tuple(cfg.consumers_on(handle.name)),
+            scrape_targets=handle.scrape_targets,
         ),
         opts=on_cluster,
     )

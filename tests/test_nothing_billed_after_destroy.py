@@ -62,3 +62,31 @@ def test_a_retention_cloudwatch_does_not_take_fails_naming_the_key():
     cfg[f"{P}:clusters"][0]["control_plane_log_retention_days"] = 0
     run = run_program("dev", config=cfg, raise_errors=False)
     assert_config_error(run, "retention-0", ["clusters[0].control_plane_log_retention_days", "allowed: 1, 3, 5"])
+
+
+@pytest.mark.parametrize("stack", ["dev", "prod", "byo"])
+def test_no_object_makes_the_cloud_create_something_pulumi_does_not_own(stack):
+    """A Service of type LoadBalancer makes the cloud controller create a load balancer, and a PVC
+    makes a CSI driver create a disk; neither is a Pulumi resource, and both bill until deleted. The
+    committed stacks create neither (a model's `cache.type: pvc` would: docs/aws.md, "Nothing billed
+    after destroy"), and kube-prometheus-stack keeps Prometheus and Alertmanager on emptyDir."""
+    run = stack_run(stack)
+    lbs = [r.urn for r in run.by_type("kubernetes:core/v1:Service") if r.inputs.get("spec", {}).get("type") == "LoadBalancer"]
+    assert not lbs, lbs
+    assert not run.by_type("kubernetes:core/v1:PersistentVolumeClaim"), stack
+    for rel in run.by_type("kubernetes:helm.sh/v3:Release"):
+        values = rel.raw_inputs.get("values") or {}
+        if rel.raw_inputs["chart"] == "kube-prometheus-stack":
+            assert not values["prometheus"]["prometheusSpec"].get("storageSpec"), rel.urn
+            assert not values["alertmanager"].get("alertmanagerSpec", {}).get("storage"), rel.urn
+
+
+@pytest.mark.parametrize("stack", ["dev", "prod"])
+def test_karpenters_instances_take_their_volumes_with_them(stack):
+    """Karpenter launches the GPU instances (not Pulumi); their EBS volumes go with the instance only
+    with `deleteOnTermination` (EC2NodeClass `blockDeviceMappings[].ebs.deleteOnTermination`)."""
+    classes = stack_run(stack).by_type("kubernetes:karpenter.k8s.aws/v1:EC2NodeClass")
+    assert classes, stack
+    for nc in classes:
+        for bdm in nc.inputs["spec"]["blockDeviceMappings"]:
+            assert bdm["ebs"]["deleteOnTermination"] is True, nc.urn

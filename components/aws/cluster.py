@@ -29,6 +29,7 @@ from components.aws.eks import (
     cni_mode,
     control_plane_log_group_args,
     eks_kube_auth,
+    EKS_SCRAPE_TARGETS,
     coredns_configuration,
     eks_cluster_settings,
     endpoint_from_kubeconfig,
@@ -329,6 +330,7 @@ class AwsGpuCluster(pulumi.ComponentResource):
             account=aws.get_caller_identity_output(opts=pulumi.InvokeOutputOptions(provider=aws_provider)).account_id,
             certificate_authority=pulumi.Output.unsecret(self.cluster.kubeconfig_json).apply(certificate_authority_from_kubeconfig),
             kube_auth=eks_kube_auth(c),
+            scrape_targets=EKS_SCRAPE_TARGETS,
             extras={
                 "vpc_id": vpc.id,
                 "private_subnet_ids": private_ids,

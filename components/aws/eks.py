@@ -10,6 +10,7 @@ from components.config_loader import ConfigError
 from components.config_types import Cidr
 from components.consumer_rules import eks_public_access_cidrs
 from components.aws.karpenter_specs import CILIUM_STARTUP_TAINT
+from components.platform.cluster_handle import ScrapeTargets
 
 CLUSTER_LOG_TYPES = ["api", "audit", "authenticator"]
 CNI_TAG = "gpuinfra.io/cni"
@@ -97,6 +98,17 @@ def eks_kube_auth(c: AwsCluster) -> dict[str, Any]:
         "provide_cluster_info": False,
         "install_hint": "Install the AWS CLI v2: https://docs.aws.amazon.com/cli/latest/userguide/getting-started-install.html",
     }
+
+
+EKS_SCRAPE_TARGETS = ScrapeTargets(control_plane=False, kube_proxy=False, coredns=True)
+"""What Prometheus can scrape on EKS. The control plane (controller manager, scheduler, etcd) runs in
+AWS's account and is not a pod or host of the cluster (EKS user guide, "Amazon EKS control plane"; the
+API server's metrics stay reachable through the `kubernetes` Service). kube-proxy: none with Cilium's
+kube-proxy replacement (`kube_proxy_addon_options.enabled: false` here); with the VPC CNI, the EKS
+kube-proxy add-on serves metrics on kube-proxy's default `metricsBindAddress` 127.0.0.1:10249, which a
+Prometheus pod cannot reach, and the add-on manager reverts edits to that config (aws/containers-roadmap
+#657; prometheus-community/helm-charts #977 "10249: connect: connection refused" on EKS). CoreDNS is the
+EKS add-on, `k8s-app: kube-dns` pods with metrics on 9153, which the chart's own Service targets."""
 
 
 def system_node_taints(c: AwsCluster) -> list[dict[str, str]]:

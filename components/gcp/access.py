@@ -12,6 +12,13 @@ import json
 from typing import Any
 
 from components.gcp.config import GcpCluster
+from components.platform.cluster_handle import ScrapeTargets
+
+GKE_SCRAPE_TARGETS = ScrapeTargets(control_plane=False, kube_proxy=False, coredns=False)
+"""What Prometheus can scrape on GKE: the control plane is Google-managed, not pods of the cluster
+(GKE "Cluster architecture"); Dataplane V2 (`ADVANCED_DATAPATH`) replaces kube-proxy, so there is none
+(GKE "About Dataplane V2"); and GKE's DNS is kube-dns, not CoreDNS, so nothing serves CoreDNS's 9153
+(rancher/rancher #28942: "there is no CoreDNS, but kubeDNS in the GKE cluster")."""
 
 PRIVATE_CLUSTER_DEFAULT_PORTS = (443, 10250)
 """What GKE's own firewall rule lets the control plane reach on the nodes of a private cluster (GKE

@@ -170,6 +170,7 @@ class GcpGpuCluster(pulumi.ComponentResource):
             ready_after=[self.system_pool],
             account=c.project,
             kube_auth=access.gke_kube_auth(),
+            scrape_targets=access.GKE_SCRAPE_TARGETS,
             extras={
                 "network": self.network,
                 "subnet": self.subnet,
