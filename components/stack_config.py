@@ -21,6 +21,7 @@ from components.aws.config import AwsCluster, AwsGpuPool
 from components.aws.facts import DEFAULT_AMI_RELEASE
 from components.catalog import load_catalog
 from components.config_types import Base, Environment, allowed
+from components.consumer_rules import consumer_rules
 from components.existing.config import ExistingCluster, ExistingGpuPool
 from components.gcp.config import GcpCluster, GcpGpuPool
 from components.images.config import ImagesConfig
@@ -88,6 +89,7 @@ class StackConfig(Base):
         errors += _router_affinity(self)
         errors += _image_registry(self)
         errors += _consumers(self)
+        errors += consumer_rules(self)
         errors += _platform_namespaces(self)
         if not errors:
             errors += _placements(self)

@@ -19,6 +19,7 @@ from components.existing.config import ExistingCluster as ExistingClusterConfig
 from components.gcp.config import GcpCluster
 from components.stack_config import StackConfig, cluster_cloud
 from components.config_loader import LoadedConfig
+from components.consumer_rules import consumer_cidrs_on
 from components.agent.ebpf_agent import EbpfAgent, EbpfAgentArgs
 from components.existing.cluster import ExistingCluster, ExistingClusterArgs
 from components.gcp.cluster import GcpGpuCluster, GcpGpuClusterArgs
@@ -68,7 +69,9 @@ class ClusterLayers:
 def build_cluster(loaded: LoadedConfig, c: Any) -> ClusterHandle:
     cfg = loaded.stack
     if isinstance(c, AwsCluster):
-        return AwsGpuCluster(c.name, AwsGpuClusterArgs(config=c, environment=cfg.environment, tags=cfg.tags)).handle
+        args = AwsGpuClusterArgs(config=c, environment=cfg.environment, tags=cfg.tags,
+                                 consumer_cidrs=tuple(consumer_cidrs_on(cfg, c.name)))
+        return AwsGpuCluster(c.name, args).handle
     if isinstance(c, GcpCluster):
         ports = addon_api_server_ports(cfg.observability)
         args = GcpGpuClusterArgs(config=c, environment=cfg.environment, tags=cfg.tags, addon_api_server_ports=ports)
@@ -116,6 +119,7 @@ def build_layers(
             alert_secrets=loaded.alert_secrets,
             system_namespace_needed=cfg.ebpf_agent.enabled,
             consumers=tuple(cfg.consumers_on(handle.name)),
+            scrape_targets=handle.scrape_targets,
         ),
         opts=on_cluster,
     )

@@ -225,6 +225,12 @@ class KarpenterConfig(Base):
     AWS's recommended AMI and is refused in prod."""
 
 
+CLOUDWATCH_RETENTION_DAYS = (1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192, 2557,
+                             2922, 3288, 3653)
+"""What CloudWatch Logs accepts as a log group's retention (`PutRetentionPolicy`; pulumi-aws 7.51.1
+`cloudwatch.LogGroup.retention_in_days`: "Possible values are: 1, 3, 5, ... 3653, and 0", where 0 keeps
+events forever, which this stack never sets)."""
+
 CILIUM_CLUSTER_NAME_MAX = 32
 """Cilium's `cluster.name` limit (the EKS cluster name is passed as it)."""
 
@@ -264,6 +270,10 @@ class AwsCluster(Base):
     """EKS API endpoint access."""
     secrets_encryption: bool = True
     """Encrypt Kubernetes secrets with a KMS key."""
+    control_plane_log_retention_days: int = 90
+    """Days CloudWatch keeps the control-plane logs (api, audit, authenticator) in the stack's own log
+    group `/aws/eks/<name>/cluster`, which `destroy` deletes (docs/aws.md, "Nothing billed after
+    destroy"). One of CloudWatch's retention values: 1, 3, 5, 7, 14, 30, 60, 90, 120, ... 3653."""
     system_node_group: SystemNodeGroup = SystemNodeGroup()
     """The on-demand managed node group for controllers."""
     cilium: CiliumConfig = CiliumConfig()
@@ -284,6 +294,15 @@ class AwsCluster(Base):
     @property
     def spot_notice_s(self) -> int:
         return AWS_SPOT_NOTICE_S
+
+    @field_validator("control_plane_log_retention_days")
+    @classmethod
+    def _cloudwatch_retention(cls, v: int) -> int:
+        if v not in CLOUDWATCH_RETENTION_DAYS:
+            raise ValueError(
+                f"{v} is not a CloudWatch Logs retention; allowed: {', '.join(map(str, CLOUDWATCH_RETENTION_DAYS))}"
+            )
+        return v
 
     def cidrs(self) -> dict[str, Cidr]:
         return {"network.vpc_cidr": self.network.vpc_cidr}

@@ -14,7 +14,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 import yaml
 
-from components.platform.cluster_handle import ClusterHandle, pool_info
+from components.platform.cluster_handle import ClusterHandle, ScrapeTargets, pool_info
 from components.existing.config import ExistingCluster as ExistingClusterConfig, KubeconfigFromStack
 
 
@@ -57,6 +57,7 @@ class ExistingCluster(pulumi.ComponentResource):
             gpu_pools={p.name: pool_info(p, node_selector=dict(p.node_selector), gpu_taint=p.gpu_taint) for p in c.gpu_pools},
             spot_notice_s=c.spot_notice_s,
             native=self.stack_reference,
+            scrape_targets=ScrapeTargets(**c.scrape_targets.model_dump()),
         )
         self.register_outputs({"clusterName": self.handle.cluster_name, "kubeconfig": kubeconfig})
 

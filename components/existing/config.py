@@ -74,6 +74,20 @@ class KubeconfigFromStack(Base):
     """When the output is a map (e.g. `kubeconfigs` keyed by cluster name), the entry to use."""
 
 
+class ExistingScrapeTargets(Base):
+    """What the cluster's own components expose to a Prometheus running in it (kube-prometheus-stack's
+    component scrapes are switched to match, so no alert waits for a target the cluster cannot have)."""
+
+    control_plane: bool = False
+    """kube-controller-manager, kube-scheduler and etcd can be scraped from the cluster's pods: true for a
+    self-hosted (kubeadm) control plane; false for managed ones (EKS, GKE, AKS)."""
+    kube_proxy: bool = False
+    """kube-proxy runs and serves its metrics beyond 127.0.0.1 (false with a kube-proxy replacement:
+    Cilium, GKE Dataplane V2; false on EKS's kube-proxy add-on)."""
+    coredns: bool = True
+    """CoreDNS runs as `k8s-app: kube-dns` pods with metrics on 9153 (false on GKE, which runs kube-dns)."""
+
+
 class ExistingCluster(Base):
     cloud: Literal["existing"]
     """`existing`: a cluster this platform does not manage."""
@@ -92,6 +106,8 @@ class ExistingCluster(Base):
     """Informational region."""
     gpu_pools: list[ExistingGpuPool] = Field(min_length=1)
     """The GPU node groups the cluster already has."""
+    scrape_targets: ExistingScrapeTargets = ExistingScrapeTargets()
+    """What kube-prometheus-stack can scrape there (used when this stack installs it)."""
 
     @model_validator(mode="after")
     def _one_source(self):

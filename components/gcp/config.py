@@ -203,6 +203,11 @@ class GcpCluster(Base):
     a prod cluster down, set it to false and `pulumi up` first (docs/operations.md, "Teardown")."""
     master_authorized_cidrs: list[Cidr] = Field(default_factory=list)
     """CIDRs allowed to the control plane (the node subnet is always added)."""
+    rbac_security_group: Optional[Annotated[str, StringConstraints(pattern=r"^gke-security-groups@[a-z0-9][a-z0-9.-]*\.[a-z]{2,}$")]] = None
+    """Google Groups for RBAC (`authenticator_groups_config.security_group`): the Google Group
+    `gke-security-groups@<your domain>` whose member groups GKE resolves, so a RoleBinding subject of
+    kind Group (a consumer's `group:` member) matches its people. Unset: GKE passes no Google Groups,
+    and `group:` consumers on this cluster are refused (docs/gcp.md, "Consumers")."""
     system_pool: GcpSystemPool = GcpSystemPool()
     """The system node pool."""
     fallback_mode: Literal["node_pool", "compute_class"] = "node_pool"

@@ -12,6 +12,7 @@ from typing import Optional
 import pulumi
 import pulumi_gcp as gcp
 
+from components.gcp.apis import REGISTRY_APIS, api_service_name
 from components.images.lookup import artifact_registry_finder
 from components.images.specs import ImageSource, artifact_registry_cleanup, artifact_registry_host, artifact_registry_id
 from components.platform.registry import ImageRegistry
@@ -32,7 +33,14 @@ class ArtifactRegistry(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: ArtifactRegistryArgs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("gpuinfra:gcp:ArtifactRegistry", name, None, opts)
-        child = pulumi.ResourceOptions(parent=self)
+        # A fresh project has the Artifact Registry API off; enabled here (never disabled on destroy:
+        # other workloads may use it) before the repository.
+        services = [
+            gcp.projects.Service(f"{name}-api-{api_service_name(api)}", project=args.project, service=api,
+                                 disable_on_destroy=False, opts=pulumi.ResourceOptions(parent=self))
+            for api in REGISTRY_APIS
+        ]
+        child = pulumi.ResourceOptions(parent=self, depends_on=services)
         repo_id = artifact_registry_id(args.cluster)
         repo = gcp.artifactregistry.Repository(
             f"{name}-repository",

@@ -199,12 +199,23 @@ def cluster_args(c: GcpCluster, environment: Environment, tags: dict[str, str]) 
         # private IP endpoint does not force Pulumi to run inside the VPC.
         "control_plane_endpoints_config": control_plane_endpoints_config(),
         "workload_identity_config": {"workload_pool": f"{c.project}.svc.id.goog"},
+        **authenticator_groups(c),
         "release_channel": {"channel": c.release_channel},
         **({"min_master_version": c.min_master_version} if c.min_master_version else {}),
         "enable_shielded_nodes": True,
         "addons_config": {"gce_persistent_disk_csi_driver_config": {"enabled": True}},
         "resource_labels": gcp_labels(tags),
     }
+
+
+def authenticator_groups(c: GcpCluster) -> dict[str, Any]:
+    """Google Groups for RBAC: GKE puts a user's groups (the nested members of `security_group`) in
+    their Kubernetes identity, so RoleBindings with `kind: Group` match; without it they match nobody
+    (GKE "Configure Google Groups for RBAC"; pulumi-gcp 10.2.0 `ClusterAuthenticatorGroupsConfigArgs`:
+    "Group name must be in format `gke-security-groups@yourdomain.com`")."""
+    if c.rbac_security_group is None:
+        return {}
+    return {"authenticator_groups_config": {"security_group": c.rbac_security_group}}
 
 
 def hardened_node_config(tags: dict[str, str]) -> dict[str, Any]:

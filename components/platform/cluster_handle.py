@@ -86,6 +86,23 @@ def pool_node_labels(pool_name: str, capacity: str, extra: dict[str, str] | None
     return {**(extra or {}), POOL_LABEL: pool_name, CAPACITY_LABEL: capacity}
 
 
+@dataclass(frozen=True)
+class ScrapeTargets:
+    """What kube-prometheus-stack can scrape on a cluster beyond the API server, the kubelets and its own
+    exporters. The chart's defaults assume a self-hosted control plane, kube-proxy and CoreDNS
+    (`kubeControllerManager`, `kubeScheduler`, `kubeEtcd`, `kubeProxy`, `coreDns`: `enabled: true`), and
+    each gates a ServiceMonitor and rules that alert when its target is absent (`KubeControllerManagerDown`,
+    `KubeSchedulerDown`, `KubeProxyDown`: `absent(up{job=...})`, severity critical). Each cluster kind
+    states what it really has (components/platform/addons_values.py:component_scrapes turns it into values)."""
+
+    control_plane: bool = False
+    """kube-controller-manager, kube-scheduler and etcd are pods or hosts the cluster's Prometheus can reach."""
+    kube_proxy: bool = False
+    """kube-proxy runs and serves its metrics beyond loopback."""
+    coredns: bool = True
+    """CoreDNS runs with the `k8s-app: kube-dns` label and serves metrics on 9153."""
+
+
 @dataclass
 class ClusterHandle:
     """The outputs every cluster component exposes, whatever the cloud."""
@@ -106,5 +123,13 @@ class ClusterHandle:
     native: Any = None
     """Escape hatch: the native cluster object (eks.Cluster, gcp.container.Cluster, or None)."""
     ready_after: list[pulumi.Resource] = field(default_factory=list)
+    account: Optional[pulumi.Input[str]] = None
+    """The cloud account that owns the cluster (AWS account id, GCP project id); None for an existing one."""
+    certificate_authority: Optional[pulumi.Input[str]] = None
+    """Base64 PEM of the API server's CA; None where the endpoint's certificate is publicly trusted."""
+    kube_auth: Optional[dict[str, Any]] = None
+    """The exec plugin a consumer's kubeconfig runs (gpuinfra_contract.KubeAuth's fields)."""
+    scrape_targets: ScrapeTargets = field(default_factory=ScrapeTargets)
+    """What the cluster's Prometheus can scrape (managed control planes hide theirs)."""
     """What must exist before workloads can run (CNI, DNS, system nodes); the platform layers wait on it."""
     extras: dict[str, Any] = field(default_factory=dict)
