@@ -160,7 +160,7 @@ def test_controller_follows_the_rollout_into_real_haproxy_without_reloading(tmp_
     stop = threading.Event()
     try:
         wait_port(s.port)
-        settings = haproxy_ctl.Settings(namespace="llm-serving", node_name=NODE, routes_path="", socket=s.socket_path,
+        settings = haproxy_ctl.Settings(namespace="llm-serving", node_name=NODE, pod_name="router-a", routes_path="", socket=s.socket_path,
                                         metrics_addr="127.0.0.1", metrics_port=0, api_host=api.url, sync_s=0.1,
                                         watch_timeout_s=5, retry_s=0.2)
         routes = haproxy_ctl.Routes.load(json.loads(routes_doc(tmp_path, s.socket_path).read_text()))
@@ -244,6 +244,8 @@ class ScriptedApi:
         if cmd.startswith("del server"):
             self.servers.pop(cmd.split()[2].split("/")[1])
             return "Server deleted.\n"
+        if cmd.startswith("get map"):
+            return 'type=str, case=sensitive, found=yes, idx=tree, key="_synced", value="1", type="str"\n'
         return "\n"
 
 
