@@ -35,6 +35,10 @@ needs_haproxy = pytest.mark.skipif(
 UPSTREAM_SCRIPT = Path(__file__).with_name("router_upstream.py")
 NODE = "node-a"
 AGENT_INTER_MS = 200
+REMOVAL_TIMEOUT_S = 60.0
+"""How long a drained server's streams may run before the controller ends them (in a pod: the
+longest drain.max_request_s + 5 s). Far above any stand-in stream, so a loaded machine that slows
+the streams down never reaches it (a 5 s bound cut 3 s streams that took longer under load)."""
 ROUTER_SERVICE = "gpuinfra-router"
 """The router Service whose EndpointSlices list every router (components/router/specs.py APP_NAME)."""
 
@@ -309,7 +313,8 @@ def start_router(tmp: Path, routes: list[Route], slices: list[dict[str, Any]], r
     settings = haproxy_ctl.Settings(namespace="t", node_name=node, pod_name=name, routes_path="", socket=s.socket_path,
                                     metrics_addr="127.0.0.1", metrics_port=0, api_host=None, sync_s=0.1,
                                     watch_timeout_s=5, retry_s=0.2)
-    table = haproxy_ctl.Routes(backend_specs(routes, caps or {}, {}), agent_inter_ms, 5.0, s.caps_map_path, ROUTER_SERVICE)
+    table = haproxy_ctl.Routes(backend_specs(routes, caps or {}, {}), agent_inter_ms, REMOVAL_TIMEOUT_S, s.caps_map_path,
+                               ROUTER_SERVICE)
     agent_ports = {r.name: r.agent_port for r in replicas}
     state, metrics = haproxy_ctl.SliceState(), haproxy_ctl.Metrics()
     ctl = haproxy_ctl.Controller(settings, table, PerServerAgentApi(s.socket_path, agent_ports), state, metrics)

@@ -207,7 +207,7 @@ def test_endpoint_churn_under_100_open_streams_cuts_nothing(tmp_path: Path, clea
     for t in threads:
         t.join(120)
     cut = [i for i in range(100) if not (out[i].done and len(out[i].chunks) == 60)]
-    assert cut == [], f"cut streams: {cut}"
+    assert cut == [], f"cut streams: {[(i, len(out[i].chunks), out[i].error) for i in cut]}"
     assert {x.served_by[0] for x in new} <= {"b", "d"} and all(x.done for x in new)
     wait_for(lambda: set(r.servers("m")) == {"b", "d"}, "drained servers deleted once their streams ended", timeout=60)
     assert r.proc.pid == pid and r.proc.poll() is None
