@@ -62,6 +62,9 @@ REQUEST_BYTES = 64
 """The most the responder reads of what HAProxy sends (`share=<slot>/<count>.` or `check.`)."""
 REQUEST_WAIT_S = 0.5
 """How long the responder waits for that string: HAProxy sends it as soon as it connects."""
+DEFAULT_POLL_S = 0.25
+"""How often the sidecar reads vLLM's load (AGENT_POLL_S). A replica that fills is seen by every
+router at most one poll plus one agent interval later: 0.25 + 0.5 = 0.75 s at the defaults."""
 SHARE = re.compile(r"share=(\d{1,6})/(\d{1,6})\.")
 
 
@@ -343,7 +346,7 @@ class Settings:
             port=int(e["AGENT_PORT"]), addr=e.get("AGENT_ADDR", "0.0.0.0"),
             vllm_url=e.get("VLLM_METRICS_URL", "http://127.0.0.1:8000/metrics"),
             node_url=e.get("NODE_AGENT_METRICS_URL") or None, thresholds=t,
-            interval_s=float(e.get("AGENT_POLL_S", "0.25")),
+            interval_s=float(e.get("AGENT_POLL_S", str(DEFAULT_POLL_S))),
         )
 
 

@@ -55,6 +55,7 @@ def main() -> None:
     ap.add_argument("--fail-first", type=int, default=0)
     ap.add_argument("--first-delay", type=float, default=0.0)
     ap.add_argument("--queue", type=int, default=-1)
+    ap.add_argument("--agent-poll", type=float, default=0.05, help="the agent's read of /metrics (the sidecar's: 0.25)")
     a = ap.parse_args()
 
     state = {"draining": False, "inflight": 0, "agent_drain": False, "pressure": False, "failed": 0, "samples": 0, "bp": 0,
@@ -141,7 +142,7 @@ def main() -> None:
                 journal({"id": rid, "outcome": "500-draining"})
                 return self._json(500, SHUTDOWN_ERROR)
             if full:
-                journal({"id": rid, "outcome": "503-full"})
+                journal({"id": rid, "outcome": "503-full", "max": state["inflight"] + 1})
                 return self._json(503, {"error": {"message": "queue full", "code": 503}})
             with lock:
                 fail = state["failed"] < a.fail_first
@@ -204,7 +205,7 @@ def main() -> None:
         base = f"http://{a.host}:{a.port}"
         t = agent_check.Thresholds(max_num_seqs=a.max_num_seqs, backpressure_ratio=0.5)
         s = agent_check.Settings(port=a.agent_port, addr=a.host, vllm_url=f"{base}/metrics",
-                                 node_url=f"{base}/node-metrics", thresholds=t, interval_s=0.05)
+                                 node_url=f"{base}/node-metrics", thresholds=t, interval_s=a.agent_poll)
         poller = agent_check.Poller(s.vllm_url, s.node_url, lambda: state["agent_drain"] or state["draining"],
                                     interval_s=s.interval_s, node_interval_s=0.1)
         stop = threading.Event()
