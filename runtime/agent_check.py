@@ -36,6 +36,7 @@ import re
 import socket
 import threading
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass
@@ -196,22 +197,35 @@ def node_rates(prev: Mapping[str, float], cur: Mapping[str, float]) -> tuple[Opt
 
 
 def load_url(metrics_url: str) -> str:
-    """vLLM's /metrics restricted to the three series the reply needs. vLLM serves /metrics with
-    prometheus_client's `make_asgi_app` (vllm/entrypoints/serve/instrumentator/metrics.py), which
-    answers `?name[]=<series>` from a restricted registry (prometheus_client exposition.py
-    `_bake_output`): a few lines instead of ~94 KiB to fetch and parse four times a second. A
-    server without the filter answers everything, which parses the same."""
-    query = urllib.parse.urlencode([("name[]", n) for n in (RUNNING, WAITING, *KV_USAGE)])
-    return f"{metrics_url}{'&' if '?' in metrics_url else '?'}{query}"
+    """vLLM's metrics restricted to the three series the reply needs: a few lines instead of ~94 KiB
+    to build, fetch and parse four times a second. vLLM (vllm/entrypoints/serve/instrumentator/
+    metrics.py) answers `GET /metrics` with prometheus-fastapi-instrumentator's handler, which
+    ignores a filter, and mounts prometheus_client's `make_asgi_app` on `/metrics<anything>` behind
+    it; that app answers `?name[]=<series>` from a restricted registry (prometheus_client
+    exposition.py `_bake_output`). So the filter goes to `/metrics/` (measured on the real vLLM:
+    tests/e2e/test_router_vllm.py). A server without that route is read whole (`Poller`)."""
+    base, _, query = metrics_url.partition("?")
+    if base.endswith("/metrics"):
+        base += "/"
+    names = urllib.parse.urlencode([("name[]", n) for n in (RUNNING, WAITING, *KV_USAGE)])
+    return f"{base}?{query + '&' if query else ''}{names}"
 
 
-def _get(url: str, timeout: float) -> Optional[str]:
+def _fetch(url: str, timeout: float) -> tuple[int, Optional[str]]:
+    """(HTTP status, body); status 0 when nothing answered."""
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     try:
         with opener.open(url, timeout=timeout) as r:
-            return r.read().decode("utf-8", "replace") if r.status == 200 else None
+            return r.status, r.read().decode("utf-8", "replace")
+    except urllib.error.HTTPError as e:
+        return e.code, None
     except (OSError, ValueError):
-        return None
+        return 0, None
+
+
+def _get(url: str, timeout: float) -> Optional[str]:
+    status, text = _fetch(url, timeout)
+    return text if status == 200 else None
 
 
 class Poller:
@@ -220,7 +234,7 @@ class Poller:
     def __init__(self, vllm_url: str, node_url: Optional[str], draining: Callable[[], bool],
                  interval_s: float = 0.25, node_interval_s: float = 1.0, timeout_s: float = 1.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self.vllm_url, self.node_url, self.draining = load_url(vllm_url), node_url, draining
+        self.full_url, self.vllm_url, self.node_url, self.draining = vllm_url, load_url(vllm_url), node_url, draining
         self.interval_s, self.node_interval_s, self.timeout_s, self.clock = interval_s, node_interval_s, timeout_s, clock
         self.lock = threading.Lock()
         self.load: dict[str, float] = {}
@@ -229,12 +243,17 @@ class Poller:
         self.node_rates: tuple[Optional[float], Optional[float]] = (None, None)
 
     def poll_vllm(self) -> None:
-        text = _get(self.vllm_url, self.timeout_s)
-        if text is None:
-            return
-        try:
-            load = parse_samples(text, (RUNNING, WAITING, *KV_USAGE))
-        except ValueError:
+        status, text = _fetch(self.vllm_url, self.timeout_s)
+        load: dict[str, float] = {}
+        if status == 200 and text is not None:
+            try:
+                load = parse_samples(text, (RUNNING, WAITING, *KV_USAGE))
+            except ValueError:
+                return
+        if status and not (RUNNING in load and WAITING in load) and self.vllm_url != self.full_url:
+            # A server that answered without the filtered route or series: read it whole from now on.
+            log.warning("agent: %s answered %s without the load series; reading %s", self.vllm_url, status, self.full_url)
+            self.vllm_url = self.full_url
             return
         if RUNNING in load and WAITING in load:
             with self.lock:

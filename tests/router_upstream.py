@@ -96,7 +96,8 @@ def main() -> None:
             self.wfile.write(body)
 
         def do_GET(self) -> None:
-            path = self.path.split("?", 1)[0]  # the agent asks for /metrics?name[]=...
+            path = self.path.split("?", 1)[0]  # the agent asks for /metrics/?name[]=..., as vLLM routes it
+            path = "/metrics" if path == "/metrics/" else path
             if path == "/metrics":
                 with lock:
                     running = state["inflight"] + state["load"]

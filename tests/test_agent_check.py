@@ -319,6 +319,43 @@ def test_the_agent_reads_only_its_three_series_from_a_vllm_sized_metrics_page():
         poller.poll_vllm()
         got = poller.snapshot()
         assert (got.running, got.waiting, got.kv_usage) == (3.0, 1.0, 0.25)
-        assert ac.load_url("http://x/metrics?a=1").startswith("http://x/metrics?a=1&name%5B%5D=")
+        assert poller.vllm_url == ac.load_url(base), "and keeps asking for it"
+        assert ac.load_url("http://x/metrics") == ("http://x/metrics/?name%5B%5D=vllm%3Anum_requests_running&"
+                                                   "name%5B%5D=vllm%3Anum_requests_waiting&name%5B%5D=vllm%3Akv_cache_usage_perc")
+        assert ac.load_url("http://x/metrics?a=1").startswith("http://x/metrics/?a=1&name%5B%5D=")
     finally:
         srv.shutdown()
+
+
+def test_a_server_without_the_filtered_route_is_read_whole():
+    """A /metrics that answers 404 on `/metrics/` (not vLLM): the poller falls back to the whole page
+    for good; one that does not answer at all is no reason to."""
+    vllm = FakeVllm()  # answers every path with the three series
+    try:
+        missing = ac.Poller("http://127.0.0.1:1/metrics", None, lambda: False, timeout_s=0.5)
+        missing.poll_vllm()
+        assert missing.vllm_url == ac.load_url("http://127.0.0.1:1/metrics"), "nothing answered: keep the filter"
+
+        class Only(BaseHTTPRequestHandler):
+            def log_message(self, *a) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                ok = self.path == "/metrics"
+                body = b"vllm:num_requests_running 2\nvllm:num_requests_waiting 0\n" if ok else b"not found"
+                self.send_response(200 if ok else 404)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        srv = ThreadingHTTPServer(("127.0.0.1", 0), Only)
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        url = f"http://127.0.0.1:{srv.server_address[1]}/metrics"
+        p = ac.Poller(url, None, lambda: False)
+        p.poll_vllm()
+        assert p.vllm_url == url, "404 on the filtered route: the whole page from now on"
+        p.poll_vllm()
+        assert p.snapshot().running == 2.0
+        srv.shutdown()
+    finally:
+        vllm.srv.shutdown()

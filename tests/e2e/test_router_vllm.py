@@ -96,9 +96,10 @@ def hold_on_primary(r, p: engines.VllmServer, model) -> tuple[HeldStream, list[i
 
 
 def reads_three_series(srv: engines.VllmServer) -> None:
-    """The agent's cheap source (issue 32 item 5): vLLM serves /metrics with prometheus_client's
-    make_asgi_app, which answers `?name[]=` with only those series; the agent parses the same load
-    from it as from the whole page."""
+    """The agent's cheap source (issue 32 item 5): vLLM mounts prometheus_client's make_asgi_app on
+    `/metrics<anything>` behind the instrumentator's own `GET /metrics` (which ignores a filter:
+    measured, the whole page came back), so `/metrics/?name[]=` answers with only those series; the
+    agent parses the same load from it as from the whole page."""
     full = agent_check._get(f"{srv.url}/metrics", 10)
     filtered = agent_check._get(agent_check.load_url(f"{srv.url}/metrics"), 10)
     names = (agent_check.RUNNING, agent_check.WAITING, *agent_check.KV_USAGE)
