@@ -42,7 +42,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from components.router.config import RouterConfig  # noqa: E402
+from components.router.config import AffinityConfig, RouterConfig  # noqa: E402
 from components.router.haproxy_cfg import Affinity, Route  # noqa: E402
 from runtime import agent_check  # noqa: E402
 from tests.router_harness import (HAPROXY, NODE, Replica, complete, completion_body, free_port, journal,  # noqa: E402
@@ -108,7 +108,8 @@ def overflow_latency(tmp: Path, rounds: int = 10) -> list[float]:
                     break
                 time.sleep(0.01)
             prim.control(saturated=False)
-            while r.servers("m")["prim"].weight == 0:  # back in rotation before the next round
+            # back in rotation (its weight, and the capacity map the controller refreshes) before the next round
+            while r.servers("m")["prim"].weight == 0 or 'value="0"' in r.cli(f"get map {r.settings.caps_map_path} m"):
                 time.sleep(0.01)
             time.sleep(random.random() * AGENT_MS / 1000)  # start the next round anywhere in the interval
         return out
@@ -248,6 +249,8 @@ PREFIXES, ROUNDS, PREFIX_WORDS = 8, 8, 360
 """The first round is cold by construction, so the hit rate is at most (ROUNDS - 1) / ROUNDS."""
 CLIENTS = 4
 """Concurrent clients, alternating between the two routers."""
+BALANCE_FACTOR = AffinityConfig().balance_factor
+"""The default `router.affinity.<model>.balance_factor`."""
 
 
 def cache_counters(url: str) -> tuple[float, float]:
@@ -278,7 +281,7 @@ def affinity(tmp: Path) -> dict[str, dict[str, float]]:
         prompts = [" ".join(words[(p * 997 + j * 13) % 4000] for j in range(PREFIX_WORDS)) for p in range(PREFIXES)]
         out = {}
         for mode in ("round-robin", "affinity"):  # each mode its own prefixes: no cache carried over
-            aff = Affinity(prefix_bytes=512, balance_factor=150) if mode == "affinity" else None
+            aff = Affinity(prefix_bytes=512, balance_factor=BALANCE_FACTOR) if mode == "affinity" else None
             patch = (lambda t: t.replace("balance first", "balance roundrobin")) if aff is None else None
             routers = [start_router(tmp, [Route("m", affinity=aff)], slices_for({"m": reps}), reps, caps={"m": 64},
                                     name=f"{mode}-{n}", node=f"node-{i}", agent_inter_ms=AGENT_MS, patch=patch,

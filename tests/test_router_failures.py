@@ -8,6 +8,7 @@ affinity keeps every prefix where it was when the replicas fill up."""
 from __future__ import annotations
 
 import signal
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from components.router.config import AffinityConfig
 from components.router.haproxy_cfg import CHECK_TIMEOUT_MS, Affinity, Route
 from tests.router_harness import (
     NODE,
@@ -152,7 +154,7 @@ def test_prefix_affinity_stays_put_when_the_replicas_fill(tmp_path: Path, cleanu
     prefixes moved at half load."""
     reps = [start_replica(tmp_path, f"p{i}", f"node-{i}", "ok", 1, 0.0, 16) for i in range(3)]
     cleanup += reps
-    routes = [Route("m", affinity=Affinity(prefix_bytes=64, balance_factor=150))]
+    routes = [Route("m", affinity=Affinity(prefix_bytes=64, balance_factor=AffinityConfig().balance_factor))]
     sl = slices_for({"m": reps})
     routers = [start_router(tmp_path, routes, sl, reps, caps={"m": 16}, name=n, peers=PEERS) for n in PEERS]
     cleanup += routers
@@ -175,3 +177,26 @@ def test_prefix_affinity_stays_put_when_the_replicas_fill(tmp_path: Path, cleanu
     loaded = mapping("loaded")
     moved = [k for k in idle if idle[k] != loaded[k]]
     assert moved == [], f"{len(moved)} of 60 prefixes moved at half load: {moved}"
+
+
+def test_a_second_request_for_a_prefix_stays_on_its_replica_at_the_default_balance_factor(tmp_path: Path, cleanup):
+    """Bounded load hands out whole slots (2.6 src/lb_chash.c `chash_server_is_eligible`:
+    ceil((in flight + 1) x factor / 100), split by weight): at 150, one request in flight on one
+    of two replicas left it one slot, and the next request for the same prefix went to the other
+    replica (its cache cold): the prefix-cache hit rate fell to 50 % under 4 concurrent clients.
+    At the default (200) it stays."""
+    reps = [start_replica(tmp_path, f"p{i}", f"node-{i}", "ok", 200, 0.05, 16) for i in range(2)]
+    cleanup += reps
+    routes = [Route("m", affinity=Affinity(prefix_bytes=64, balance_factor=AffinityConfig().balance_factor))]
+    r = start_router(tmp_path, routes, slices_for({"m": reps}), reps, caps={"m": 16})
+    cleanup.append(r)
+    prompt = "one shared system prompt for this test " * 3
+    home = complete(r.url, "m", "first", 1, prompt=prompt).served_by[0]
+    hold = threading.Thread(target=complete, args=(r.url, "m", "hold", 200, 60), kwargs={"prompt": prompt})
+    hold.start()
+    wait_for(lambda: r.servers("m")[home].sessions == 1, "the held request on the prefix's replica")
+    again = complete(r.url, "m", "again", 1, prompt=prompt)
+    assert again.served_by[0] == home, f"the second request for the prefix left {home} for {again.served_by[0]}"
+    for p in reps:
+        p.proc.kill()
+    hold.join(60)

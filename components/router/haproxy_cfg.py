@@ -67,7 +67,7 @@ class Affinity:
     JSON layout)."""
     header: Optional[str] = None
     """Hash this request header instead of the body (e.g. a session or conversation id)."""
-    balance_factor: int = 150
+    balance_factor: int = 200
     """No replica takes more than this % of the average load; past it the next on the ring."""
 
 
