@@ -160,7 +160,7 @@ def test_rendered_prod_config_passes_haproxy_c(prod_run, tmp_path):
         proc.wait()
     for name in (monitoring.REQUESTS, monitoring.RESPONSES, monitoring.RETRIES, monitoring.REDISPATCHES, monitoring.QUEUE):
         assert f'{name}{{proxy="ovf-llama-70b"' in exported, name
-    assert 'haproxy_sticktable_used{name="demand-llama-70b"' in exported, "the economy autoscaler's demand"
+    assert f'{monitoring.DEMAND}{{name="demand-llama-70b"' in exported, "the economy autoscaler's demand (and the dashboard's)"
     assert ready == 503, "HAProxy is not Ready before the controller synced it (monitor fail on _synced)"
     rules = json.dumps(manifest(children(prod_run, "prod-use1-llm-router")["rules"])["spec"])
     assert 'ovf-(llama-70b)' in rules and "llama-70b-economy" not in rules.split("GpuinfraRouterUpstreamErrors")[0], \
@@ -170,7 +170,7 @@ def test_rendered_prod_config_passes_haproxy_c(prod_run, tmp_path):
 def test_controller_metric_names_match_the_dashboard():
     reg = haproxy_ctl.Metrics().registry
     names = {s.name for fam in reg.collect() for s in fam.samples} | {fam.name for fam in reg.collect()}
-    assert monitoring.SERVERS in names
+    assert monitoring.SERVERS in names and monitoring.PEERS in names
     assert monitoring.CHANGES.removesuffix("_total") in names
 
 
