@@ -100,6 +100,7 @@ policy-check: deps policy-venv
 bench: deps apt-deps e2e-deps
 	$(PY) bench/ebpf_sockmap_bench.py
 	$(PY) bench/router_bench.py
+	$(PY) bench/sidecar_bench.py
 	$(PY) bench/e2e_vllm_agent_bench.py
 
 # The mutation gate (tools/mutation_gate.py, docs/testing.md): mutmut over the safety-critical modules

@@ -288,6 +288,8 @@ def _placements(s: StackConfig) -> list[str]:
                     f"{key}.overflow_to: '{m.overflow_to}' must be an economy-tier entry with the same "
                     f"served model name ('{m.served_name}')"
                 )
+            elif s.router.enabled is not False:
+                errs += _overflow_target(s, key, m, target)
         placed_on: dict[str, int] = {}
         for pi, pl in enumerate(m.placements):
             pkey = f"{key}.placements[{pi}]"
@@ -323,6 +325,33 @@ def _placements(s: StackConfig) -> list[str]:
             errs += _drain_budget(key, m, cluster, pool, pool_key)
             per_node = max(1, min(t.gpu_count for t in pool.instance_types) // m.engine.gpus_per_replica)
             errs += cache_problems(key, m, cluster_cloud(cluster), pool.node_disk_gib, per_node, pool_key)
+    return errs
+
+
+def _overflow_target(s: StackConfig, key: str, m: ModelConfig, target: ModelConfig) -> list[str]:
+    """What the router must know about an overflow target: a shorter context than the primary's
+    (a long prompt must stay on the primary: the router's gate needs the fewest bytes per token),
+    and a placement that can be at zero replicas where the primary runs (what an overflowing
+    request gets while it wakes)."""
+    errs = []
+    short, long = target.engine.max_model_len, m.engine.max_model_len
+    if short < long and s.router.overflow_bytes_per_token is None:
+        errs.append(
+            f"{key}.overflow_to: '{target.name}' serves at most {short} tokens (engine.max_model_len), fewer than "
+            f"this entry's {long}: a longer prompt sent there is refused; allowed: an economy entry with "
+            f"max_model_len >= {long}, or set router.overflow_bytes_per_token (the fewest request-body bytes per "
+            f"prompt token, 1 for any text) so the router keeps every request that may not fit {short} tokens here"
+        )
+    ti = s.models.index(target)
+    on = {p.cluster for p in m.placements}
+    for pi, p in enumerate(target.placements):
+        if p.min_replicas == 0 and p.cluster in on and s.router.empty_economy is None:
+            errs.append(
+                f"models[{ti}].placements[{pi}].min_replicas: 0 on '{p.cluster}', where it takes {key}'s overflow: "
+                f"say what an overflowing request gets while it has no replica; allowed: router.empty_economy "
+                f"retry-after (a 503 with Retry-After at once) or queue (a wait for a primary slot, "
+                f"router.queue_s, then that 503), or min_replicas >= 1"
+            )
     return errs
 
 

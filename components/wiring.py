@@ -142,6 +142,8 @@ def build_layers(
             opts=after_addons,
         )
     layers = ClusterLayers(handle=handle, addons=addons, agent=agent, images=images)
+    models = [m for m, _ in cfg.placements_on(handle.name)]
+    routed = router_enabled(cfg.router, models)
     for model, placement in cfg.placements_on(handle.name):
         layers.serving[model.name] = VllmServing(
             f"{handle.name}-{model.name}",
@@ -157,11 +159,11 @@ def build_layers(
                 labels=labels,
                 runtime_image=images.refs["runtime"],
                 cuda_tracing=cuda_launch_traced(cfg),
+                overflow_from=tuple(x.name for x in models if routed and x.overflow_to == model.name),
             ),
             opts=after_addons,
         )
-    models = [m for m, _ in cfg.placements_on(handle.name)]
-    if router_enabled(cfg.router, models):
+    if routed:
         layers.router = Router(
             f"{handle.name}-llm-router",
             RouterArgs(

@@ -275,6 +275,30 @@ BOUNDARY_CASES: list[tuple[str, str, list[Callable[[dict[str, Any]], None]], lis
       "name ('llama-3.3-70b')"]),
     ("overflow-to-missing-lists-the-others", "prod", [_set("models[0].overflow_to", "llama-cheap")],
      ["models[0].overflow_to: no model named 'llama-cheap'; allowed: llama-70b-economy"]),
+    # issue 32 item 4: an overflow target with a shorter context needs the router's long-prompt gate;
+    # an equally long one does not, and with the router off there is no overflow at all
+    ("overflow-to-shorter-context-needs-the-gate", "prod", [_delete("router.overflow_bytes_per_token")],
+     ["models[0].overflow_to: 'llama-70b-economy' serves at most 8192 tokens (engine.max_model_len), fewer than "
+      "this entry's 16384: a longer prompt sent there is refused; allowed: an economy entry with max_model_len >= "
+      "16384, or set router.overflow_bytes_per_token (the fewest request-body bytes per prompt token, 1 for any "
+      "text) so the router keeps every request that may not fit 8192 tokens here"]),
+    ("overflow-to-as-long-a-context-needs-no-gate", "prod",
+     [_delete("router.overflow_bytes_per_token"), _set("models[1].engine.max_model_len", 16384)], []),
+    ("overflow-to-one-token-shorter-needs-the-gate", "prod",
+     [_delete("router.overflow_bytes_per_token"), _set("models[1].engine.max_model_len", 16383)],
+     ["models[0].overflow_to: 'llama-70b-economy' serves at most 16383 tokens (engine.max_model_len), fewer than "
+      "this entry's 16384: a longer prompt sent there is refused; allowed: an economy entry with max_model_len >= "
+      "16384, or set router.overflow_bytes_per_token (the fewest request-body bytes per prompt token, 1 for any "
+      "text) so the router keeps every request that may not fit 16383 tokens here"]),
+    # issue 32 item 2: an overflow target that can be at zero replicas where its primary runs
+    ("economy-at-zero-needs-a-choice", "prod", [_delete("router.empty_economy")],
+     ["models[1].placements[1].min_replicas: 0 on 'prod-usc1', where it takes models[0]'s overflow: say what an "
+      "overflowing request gets while it has no replica; allowed: router.empty_economy retry-after (a 503 with "
+      "Retry-After at once) or queue (a wait for a primary slot, router.queue_s, then that 503), or "
+      "min_replicas >= 1"]),
+    ("economy-at-one-needs-no-choice", "prod",
+     [_delete("router.empty_economy"), _set("models[1].placements[1].min_replicas", 1)], []),
+    ("router-off-needs-neither", "prod", [_set("router", {"enabled": False})], []),
     # one placement per cluster; every later placement is still checked
     ("placements-each-checked", "prod",
      [_set("models[1].placements", [

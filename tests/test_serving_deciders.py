@@ -283,6 +283,22 @@ def test_economy_tier_also_scales_on_the_served_model_backlog():
     assert rejected["activationThreshold"] == "0"
 
 
+def test_an_economy_tier_wakes_on_the_overflow_its_routers_could_not_place():
+    """Issue 32 item 2: vLLM's metrics never see a request the router could not place on an economy
+    tier at zero; the routers' demand tables (HAProxy's exporter) do. KEDA's prometheus scaler is
+    active when the value is > activationThreshold (kedacore/keda pkg/scalers/prometheus_scaler.go
+    GetMetricsAndActivity, `val > s.metadata.ActivationThreshold`): 0, so one request wakes it."""
+    m = model(tier="economy", name="llama-eco")
+    assert "unplaced" not in [t["name"] for t in scaled_object_spec(m, m.placements[0], "llama-eco", "ns", "http://p")["triggers"]]
+    so = scaled_object_spec(m, m.placements[0], "llama-eco", "ns", "http://p", overflow_from=("llama-b", "llama-a"))
+    unplaced = next(t for t in so["triggers"] if t["name"] == "unplaced")["metadata"]
+    assert unplaced["query"] == ('sum(haproxy_sticktable_used{namespace="ns",job="gpuinfra-router",'
+                                 'name=~"demand-llama-a|demand-llama-b"})')
+    assert unplaced["activationThreshold"] == "0"
+    # the table keeps each request 60 s: one replica per what it absorbs in that window
+    assert float(unplaced["threshold"]) == pytest.approx(int(256 * 0.8) / 60 * 60, abs=1e-2)
+
+
 def test_hpa_fallback_uses_an_external_metric():
     m = model(autoscaling={"mode": "hpa"})
     h = hpa_spec(m, m.placements[0], "llama")

@@ -67,6 +67,8 @@ class VllmServingArgs:
     """Overrides observability.prometheus_url for the autoscaler (PlatformAddons.prometheus_url)."""
     cuda_tracing: bool = False
     """The cluster's eBPF agent traces CUDA calls (renders the CudaLaunchStall alert)."""
+    overflow_from: tuple[str, ...] = ()
+    """The primaries whose overflow this cluster's router sends here (the autoscaler's unplaced demand)."""
 
 
 class VllmServing(pulumi.ComponentResource):
@@ -179,7 +181,7 @@ class VllmServing(pulumi.ComponentResource):
                     api_version=KEDA_API,
                     kind="ScaledObject",
                     metadata=meta(app),
-                    spec=ns.apply(lambda n: scaled_object_spec(m, args.placement, app, n, prom)),
+                    spec=ns.apply(lambda n: scaled_object_spec(m, args.placement, app, n, prom, args.overflow_from)),
                     opts=pulumi.ResourceOptions(parent=self, depends_on=[*after, deployment]),
                 )
             else:
