@@ -244,6 +244,7 @@ BREAKS = [
     ("kubernetes-workload-no-plaintext-secrets", "dev", DEPLOYMENT, _serving, _vllm_edit(lambda c: c["args"].extend(["--hf-token", "hf_" + "b" * 34])), "--hf-token"),
     ("kubernetes-serving-deployment-termination-grace", "prod", DEPLOYMENT, _serving, _set(["spec", "template", "spec", "terminationGracePeriodSeconds"], 60), "raise it to at least"),
     ("kubernetes-serving-deployment-termination-grace", "dev", DEPLOYMENT, _serving, _vllm_edit(lambda c: c.update(args=[a for a in c["args"] if a != "--shutdown-timeout"])), "--shutdown-timeout"),
+    ("kubernetes-serving-deployment-termination-grace", "prod", DEPLOYMENT, _serving, _vllm_edit(lambda c: c["args"].__setitem__(c["args"].index("--shutdown-timeout") + 1, "0")), "abort mode"),
     ("kubernetes-serving-deployment-probes", "prod", DEPLOYMENT, _serving, _vllm_edit(lambda c: c.pop("startupProbe")), "startupProbe"),
     ("kubernetes-serving-deployment-max-unavailable", "prod", DEPLOYMENT, _serving, _set(["spec", "strategy", "rollingUpdate", "maxUnavailable"], 1), "maxUnavailable: 0"),
     ("kubernetes-serving-deployment-max-unavailable", "dev", DEPLOYMENT, _serving, _set(["spec", "strategy"], {"type": "Recreate"}), "Recreate"),
