@@ -41,6 +41,10 @@ K8S_DEFAULT_TGPS = 30
 MIN_DRAIN_AFTER_PRESTOP_S = 1
 """The least a grace must leave after the preStop's budget: one second of vLLM's SIGTERM drain."""
 PRESTOP_ENV = "PRESTOP_TIMEOUT_S"
+NO_PDB_ANNOTATION = "gpuinfra.io/no-pdb-reason"
+"""components/serving/objects.py: a serving Deployment whose pool's drainer would wait on a PDB
+forever (Karpenter without terminationGracePeriod, a spot reclaim drained by a tool that never
+deletes past a PDB) carries no PDB and says why here."""
 """The env var the preStop drain hook (runtime/) reads its budget from."""
 
 # ---- kubernetes-serving-deployment-termination-grace -----------------------------------------
@@ -225,6 +229,8 @@ def _check_pdb(dep: PolicyResource, pdbs: list[PolicyResource], scope: ClusterSc
             and dig(p.props, "spec", "selector") is not None
             and selector_matches(as_map(dig(p.props, "spec", "selector")), labels)
         ]
+        if not covering and str(as_map(dig(dep.props, "metadata", "annotations")).get(NO_PDB_ANNOTATION) or "").strip():
+            return  # rendered without one on purpose: its drainer would wait on it forever (the reason says why)
         if not covering:
             report_violation(
                 f"serving Deployment '{dep.name}' has no PodDisruptionBudget selecting its pods in "

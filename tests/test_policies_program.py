@@ -323,6 +323,25 @@ def test_removing_a_serving_pdb_fires_only_the_pdb_rule(prod_run):
     assert new[0].resource_type == DEPLOYMENT, f"{pdb.urn}: the violation should point at the Deployment"
 
 
+@pytest.mark.parametrize("reason,fires", [("Karpenter waits forever", False), ("", True)])
+def test_a_deployment_that_says_why_it_has_no_pdb_passes_the_pdb_rule(prod_run, reason, fires):
+    """An existing cluster's pool whose drainer would wait on a PDB forever gets none, and the
+    Deployment says why (components/serving/objects.py NO_PDB_ANNOTATION); an empty reason is none."""
+    from policies.serving_rules import NO_PDB_ANNOTATION
+
+    resources = policy_resources(prod_run)
+    configs, levels = resolve_config(POLICIES, {}, "prod")
+    for r in [r for r in resources if r.resource_type == PDB]:
+        resources.remove(r)
+    for r in resources:
+        if r.resource_type == DEPLOYMENT:
+            props = copy.deepcopy(dict(r.props))
+            props.setdefault("metadata", {}).setdefault("annotations", {})[NO_PDB_ANNOTATION] = reason
+            r.props = props
+    fired = [v for v in evaluate(resources, configs, levels) if v.policy == "kubernetes-serving-deployment-pdb"]
+    assert bool(fired) == fires, table(fired)
+
+
 def test_fallback_rule_is_prod_only(prod_run):
     """The same missing fallback is fine in dev: the policy config carries the environment."""
     target, new = break_one(prod_run, NODEPOOL, _on_demand_for("h100"), lambda p: "drop", env="dev")

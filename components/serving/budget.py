@@ -181,6 +181,26 @@ def nodepool_termination_grace_s(capacity: str, notice_s: int) -> int:
     return ON_DEMAND_NODE_DRAIN_LIMIT_S
 
 
+def unbounded_pdb_wait(drained_by: str, capacity: str, notice_s: int, karpenter_grace_s: Optional[int]) -> Optional[str]:
+    """Why a PodDisruptionBudget over a pool's replicas could hold an eviction with nothing to end
+    the wait (then the serving layer renders none), or None: the PDB is safe.
+
+    `drained_by`: `karpenter` (it evicts, retries a 429, and forces the pod out only at its
+    NodePool's terminationGracePeriod, `nodepool_termination_grace_s`; unset, it waits forever),
+    `kubelet` (graceful node shutdown kills pods itself, never through the Eviction API: kubernetes
+    pkg/kubelet/nodeshutdown/nodeshutdown_manager_linux.go `killPods`) or `other` (a drain tool on
+    the Eviction API, such as aws-node-termination-handler, which gives up at its own timeout but
+    never deletes past a PDB). Without a notice nothing has a deadline: the PDB only makes a
+    voluntary drain wait, which is its purpose."""
+    if drained_by == "karpenter" and karpenter_grace_s is None:
+        return ("Karpenter drains these nodes and the NodePool sets no terminationGracePeriod: it waits "
+                "for a PDB-blocked pod forever")
+    if drained_by == "other" and capacity == "spot" and notice_s > 0:
+        return ("a spot reclaim here is drained through the Eviction API by a tool that never deletes past "
+                "a PDB: a refused eviction would hold the replica until the instance goes")
+    return None
+
+
 def go_duration(seconds: int) -> str:
     """Seconds as the Go duration Karpenter's CRD takes (`^([0-9]+(s|m|h))+$`)."""
     return f"{seconds}s"
