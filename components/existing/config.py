@@ -18,8 +18,9 @@ class ExistingKarpenter(Base):
 
     termination_grace_period_s: Optional[int] = Field(None, ge=1)
     """Its `spec.template.spec.terminationGracePeriod`, in seconds; leave it out when the NodePool
-    does. Unset, Karpenter waits for a pod a PodDisruptionBudget protects forever (kubernetes-sigs/
-    karpenter pkg/apis/v1/nodepool.go), so the serving layer then renders no PDB for this pool."""
+    does. Unset, Karpenter waits for a pod a PodDisruptionBudget protects forever
+    (kubernetes-sigs/karpenter pkg/apis/v1/nodepool.go), so the serving layer then renders no PDB
+    for this pool."""
 
 
 class ExistingGpuPool(Base):
