@@ -111,8 +111,9 @@ class Replica:
                 out[line.split('call="', 1)[1].split('"', 1)[0]] = float(line.rsplit(" ", 1)[1])
         return out
 
-    def kill_container(self, grace_s: float) -> dict:
-        """The kubelet's container kill: preStop within the grace, SIGTERM, SIGKILL at its end."""
+    def kill_container(self, grace_s: float, after_prestop=None) -> dict:
+        """The kubelet's container kill: preStop within the grace, SIGTERM, SIGKILL at its end
+        (`after_prestop`: called between the preStop's end and the SIGTERM, to look at the pod)."""
         r: dict = {}
         t0 = time.monotonic()
         log = self.dir / f"prestop-{self.starts}.log"
@@ -126,6 +127,8 @@ class Replica:
             r["prestop_rc"] = "cut at the grace"
         r["prestop_s"] = time.monotonic() - t0
         r["prestop_log"] = log.read_text(errors="replace")
+        if after_prestop is not None:
+            after_prestop()
         t1 = time.monotonic()
         self.srv.sigterm()
         rc = self.srv.wait_exit(max(grace_s - (t1 - t0), 0) + KUBELET_PRESTOP_EXTENSION_S)
