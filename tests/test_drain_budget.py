@@ -171,3 +171,35 @@ def test_a_spot_pool_without_a_notice_drains_like_on_demand():
 
     assert nodepool_termination_grace_s("spot", 0) == ON_DEMAND_NODE_DRAIN_LIMIT_S
     assert nodepool_termination_grace_s("on-demand", 120) == ON_DEMAND_NODE_DRAIN_LIMIT_S
+
+
+@pytest.mark.parametrize("drained_by,capacity,notice,grace,safe", [
+    ("karpenter", "spot", 120, 115, True),      # forced out at the period: bounded
+    ("karpenter", "spot", 120, None, False),    # no period: Karpenter waits forever
+    ("karpenter", "on-demand", 0, None, False),  # forever, whatever the capacity
+    ("karpenter", "on-demand", 0, 1, True),
+    ("kubelet", "spot", 105, None, True),       # GKE's graceful shutdown never asks the Eviction API
+    ("other", "spot", 120, None, False),        # a termination handler gives up, never deletes past it
+    ("other", "spot", 1, None, False),          # any notice is a deadline
+    ("other", "spot", 0, None, True),           # no notice, no deadline: the PDB's purpose
+    ("other", "on-demand", 120, None, True),
+])
+def test_a_pdb_is_safe_only_where_something_ends_its_wait(drained_by, capacity, notice, grace, safe):
+    from components.serving.budget import unbounded_pdb_wait
+
+    reason = unbounded_pdb_wait(drained_by, capacity, notice, grace)
+    assert (reason is None) == safe, reason
+    # the reason is what the Deployment's gpuinfra.io/no-pdb-reason annotation tells an operator
+    if reason is not None and drained_by == "karpenter":
+        assert reason.startswith("Karpenter drains these nodes") and "no terminationGracePeriod" in reason
+        assert reason.endswith("waits for a PDB-blocked pod forever"), reason
+    elif reason is not None:
+        assert reason.startswith("a spot reclaim here is drained through the Eviction API"), reason
+        assert reason.endswith("never deletes past a PDB: a refused eviction would hold the replica until the instance goes"), reason
+
+
+def test_the_least_shutdown_timeout_is_drain_mode():
+    from components.serving.budget import MIN_SHUTDOWN_TIMEOUT_S
+
+    assert MIN_SHUTDOWN_TIMEOUT_S == 1
+    assert drain_budget(0, 0, 5, 0, 0, 64).shutdown_s == 1 and drain_budget(0, 0, 5, 2, 0, 64).shutdown_s == 2
