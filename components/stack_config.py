@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 
 from functools import cached_property
-from typing import Annotated, Any, Union
+from typing import Annotated, Any, Optional, Union
 
 from pydantic import Field, model_validator
 
@@ -431,13 +431,23 @@ def _drain_budget(key: str, m: ModelConfig, cluster: Any, pool: AnyPool, pool_ke
     if problem is not None:
         field = "engine.max_queued_requests" if b.queue_rounds else "drain.max_request_s"
         return [f"{key}.{field}: on {pool_key} ({pool.capacity}, cluster '{cluster.name}') {problem}"]
-    if cluster.cloud == "aws":
-        limit = nodepool_termination_grace_s(pool.capacity, cluster.spot_notice_s)
-        if b.grace_s > limit:
-            return [
-                f"{key}.drain.max_request_s: the drain's grace of {b.grace_s}s exceeds the "
-                f"{go_duration(limit)} terminationGracePeriod of {pool_key}'s NodePools, after which "
-                f"Karpenter deletes the pod; allowed: a grace <= {limit}s (a shorter queue or "
-                f"max_request_s)"
-            ]
+    limit = karpenter_grace_s(cluster, pool)
+    if limit is not None and b.grace_s > limit:
+        return [
+            f"{key}.drain.max_request_s: the drain's grace of {b.grace_s}s exceeds the "
+            f"{go_duration(limit)} terminationGracePeriod of {pool_key}'s NodePools, after which "
+            f"Karpenter deletes the pod; allowed: a grace <= {limit}s (a shorter queue or "
+            f"max_request_s)"
+        ]
     return []
+
+
+def karpenter_grace_s(cluster: Any, pool: AnyPool) -> Optional[int]:
+    """The terminationGracePeriod of the Karpenter NodePools that drain `pool`, wherever Karpenter
+    runs: ours on AWS (components/serving/budget.py), an existing cluster's as its config states it
+    (`gpu_pools[].karpenter`); None where Karpenter does not drain the pool or sets no period (then
+    the pool gets no PDB: `budget.unbounded_pdb_wait`)."""
+    if cluster.cloud == "aws":
+        return nodepool_termination_grace_s(pool.capacity, cluster.spot_notice_s)
+    k = getattr(pool, "karpenter", None)
+    return k.termination_grace_period_s if k is not None else None

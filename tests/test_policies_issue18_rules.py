@@ -227,8 +227,8 @@ def test_sh_c_vllm_launch_is_parsed():
     props = {"spec": {"template": {"metadata": {"annotations": {common.PRESTOP_ANNOTATION: "30"}},
                                    "spec": {"terminationGracePeriodSeconds": 120, "containers": [c]}}}}
     assert termination_grace_problems(props, c) == []
-    props["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 60
-    assert any("raise it to at least 90" in p for p in termination_grace_problems(props, c))
+    props["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 30
+    assert any("raise it to at least 31" in p for p in termination_grace_problems(props, c))
 
 
 def test_gpu_container_with_limits_only_is_guaranteed():

@@ -265,6 +265,7 @@ BREAKS = [
     ("kubernetes-workload-no-plaintext-secrets", "dev", DEPLOYMENT, _serving, _vllm_edit(lambda c: c["args"].extend(["--hf-token", "hf_" + "b" * 34])), "--hf-token"),
     ("kubernetes-serving-deployment-termination-grace", "prod", DEPLOYMENT, _serving, _set(["spec", "template", "spec", "terminationGracePeriodSeconds"], 60), "raise it to at least"),
     ("kubernetes-serving-deployment-termination-grace", "dev", DEPLOYMENT, _serving, _vllm_edit(lambda c: c.update(args=[a for a in c["args"] if a != "--shutdown-timeout"])), "--shutdown-timeout"),
+    ("kubernetes-serving-deployment-termination-grace", "prod", DEPLOYMENT, _serving, _vllm_edit(lambda c: c["args"].__setitem__(c["args"].index("--shutdown-timeout") + 1, "0")), "abort mode"),
     ("kubernetes-serving-deployment-probes", "prod", DEPLOYMENT, _serving, _vllm_edit(lambda c: c.pop("startupProbe")), "startupProbe"),
     ("kubernetes-serving-deployment-max-unavailable", "prod", DEPLOYMENT, _serving, _set(["spec", "strategy", "rollingUpdate", "maxUnavailable"], 1), "maxUnavailable: 0"),
     ("kubernetes-serving-deployment-max-unavailable", "dev", DEPLOYMENT, _serving, _set(["spec", "strategy"], {"type": "Recreate"}), "Recreate"),
@@ -357,6 +358,25 @@ def test_removing_a_serving_pdb_fires_only_the_pdb_rule(prod_run):
     assert {v.policy for v in new} == {"kubernetes-serving-deployment-pdb"}, table(new)
     assert len(new) == 1 and "has no PodDisruptionBudget" in new[0].message, table(new)
     assert new[0].resource_type == DEPLOYMENT, f"{pdb.urn}: the violation should point at the Deployment"
+
+
+@pytest.mark.parametrize("reason,fires", [("Karpenter waits forever", False), ("", True)])
+def test_a_deployment_that_says_why_it_has_no_pdb_passes_the_pdb_rule(prod_run, reason, fires):
+    """An existing cluster's pool whose drainer would wait on a PDB forever gets none, and the
+    Deployment says why (components/serving/objects.py NO_PDB_ANNOTATION); an empty reason is none."""
+    from policies.serving_rules import NO_PDB_ANNOTATION
+
+    resources = policy_resources(prod_run)
+    configs, levels = resolve_config(POLICIES, {}, "prod")
+    for r in [r for r in resources if r.resource_type == PDB]:
+        resources.remove(r)
+    for r in resources:
+        if r.resource_type == DEPLOYMENT:
+            props = copy.deepcopy(dict(r.props))
+            props.setdefault("metadata", {}).setdefault("annotations", {})[NO_PDB_ANNOTATION] = reason
+            r.props = props
+    fired = [v for v in evaluate(resources, configs, levels) if v.policy == "kubernetes-serving-deployment-pdb"]
+    assert bool(fired) == fires, table(fired)
 
 
 def test_fallback_rule_is_prod_only(prod_run):

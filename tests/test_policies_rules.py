@@ -290,7 +290,9 @@ def _serving_props(tgps, prestop, shutdown) -> tuple[dict, dict]:
 def test_termination_grace_arithmetic(tgps, prestop, shutdown):
     props, c = _serving_props(tgps, prestop, shutdown)
     problems = termination_grace_problems(props, c)
-    assert (problems == []) == (tgps >= prestop + shutdown), problems
+    assert (problems == []) == (tgps >= prestop + 1 and shutdown >= 1), problems
+    if shutdown == 0:
+        assert any("abort mode" in p for p in problems), problems
 
 
 def test_termination_grace_annotation_and_env_must_agree():
@@ -302,7 +304,9 @@ def test_termination_grace_annotation_and_env_must_agree():
 def test_termination_grace_defaults_to_30s():
     props, c = _serving_props(0, 20, 20)
     del props["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
-    assert "terminationGracePeriodSeconds 30 < preStop budget 20" in termination_grace_problems(props, c)[0]
+    assert termination_grace_problems(props, c) == []
+    props["spec"]["template"]["metadata"]["annotations"][common.PRESTOP_ANNOTATION] = "30"
+    assert "terminationGracePeriodSeconds 30 < preStop budget 30 + 1" in termination_grace_problems(props, c)[0]
 
 
 @given(st.dictionaries(st.sampled_from("abcde"), st.sampled_from("xyz"), min_size=1), st.data())

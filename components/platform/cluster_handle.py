@@ -47,6 +47,10 @@ class GpuPoolInfo:
     """Node directory a `host_path` model cache must use on this pool: the disk that holds the cache
     (the NVMe RAID0 of AWS pools with `model_cache: instance-store`) or a writable path on the node
     image (GKE's COS mounts `/` read-only); None: the model's own `cache.host_path`."""
+    no_pdb_reason: Optional[str] = None
+    """Why no PodDisruptionBudget may guard the pool's replicas: whatever drains the nodes would wait
+    on it with nothing to end the wait (components/serving/budget.py `unbounded_pdb_wait`; only an
+    existing cluster's pool can be so). None: the serving layer renders one."""
 
 
 def pool_info(
@@ -56,6 +60,7 @@ def pool_info(
     cache_host_path: Optional[str] = None,
     node_selector: Optional[dict[str, str]] = None,
     gpu_taint: bool = True,
+    no_pdb_reason: Optional[str] = None,
 ) -> GpuPoolInfo:
     """Scheduling facts for a pool. Managed pools carry our pool label and the GPU taint; a pool
     of an existing cluster passes its own `node_selector` and whether its nodes carry the taint."""
@@ -73,6 +78,7 @@ def pool_info(
         native_names=native_names,
         cache_read_mib_s=cache_read_mib_s,
         cache_host_path=cache_host_path,
+        no_pdb_reason=no_pdb_reason,
     )
 
 
