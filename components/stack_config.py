@@ -9,8 +9,6 @@ overlaps, drain budgets) live here on `StackConfig`. Each error names the key pa
 
 from __future__ import annotations
 
-import math
-
 from functools import cached_property
 from typing import Annotated, Any, Optional, Union
 
@@ -28,6 +26,7 @@ from components.images.config import ImagesConfig
 from components.node_pools import effective_reserved_cpus, pool_topology_policy
 from components.platform.config import Consumer, Namespaces, ObservabilityConfig
 from components.router.config import RouterConfig
+from components.router_rules import overflow_target_problems, router_affinity_problems
 from components.serving.cache import cache_problems
 from components.serving.budget import budget_problem, go_duration, nodepool_termination_grace_s
 from components.serving.config import ModelConfig, Placement, model_budget
@@ -86,7 +85,7 @@ class StackConfig(Base):
         errors += _aws_ami_pinned(self)
         errors += _aws_endpoint_restricted(self)
         errors += _ebpf_agent_ports(self)
-        errors += _router_affinity(self)
+        errors += router_affinity_problems(self.models, self.router)
         errors += _image_registry(self)
         errors += _consumers(self)
         errors += consumer_rules(self)
@@ -105,20 +104,6 @@ def _dupes(names: list[str]) -> list[str]:
             dup.append(n)
         seen.add(n)
     return dup
-
-
-def _router_affinity(s: StackConfig) -> list[str]:
-    """Affinity keys name model entries; and the drain's settle outlasts two agent intervals, so every
-    router has the replica in DRAIN before the kubelet's SIGTERM (after which vLLM answers 500, and a
-    retry cannot leave the primary tier)."""
-    names = sorted(m.name for m in s.models)
-    errs = [f"router.affinity.{k}: no model entry named '{k}'; allowed: {', '.join(names) or 'none'}"
-            for k in s.router.affinity if k not in names]
-    need_s = 2 * s.router.agent_interval_ms / 1000
-    errs += [f"models[{i}].drain.readiness_settle_s: {m.drain.readiness_settle_s} is shorter than two router agent "
-             f"intervals ({need_s:g} s, router.agent_interval_ms); allowed: >= {math.ceil(need_s)}"
-             for i, m in enumerate(s.models) if m.drain.readiness_settle_s < need_s]
-    return errs
 
 
 def _duplicate_names(s: StackConfig) -> list[str]:
@@ -289,7 +274,7 @@ def _placements(s: StackConfig) -> list[str]:
                     f"served model name ('{m.served_name}')"
                 )
             elif s.router.enabled is not False:
-                errs += _overflow_target(s, key, m, target)
+                errs += overflow_target_problems(s.models, s.router, key, m, target)
         placed_on: dict[str, int] = {}
         for pi, pl in enumerate(m.placements):
             pkey = f"{key}.placements[{pi}]"
@@ -325,33 +310,6 @@ def _placements(s: StackConfig) -> list[str]:
             errs += _drain_budget(key, m, cluster, pool, pool_key)
             per_node = max(1, min(t.gpu_count for t in pool.instance_types) // m.engine.gpus_per_replica)
             errs += cache_problems(key, m, cluster_cloud(cluster), pool.node_disk_gib, per_node, pool_key)
-    return errs
-
-
-def _overflow_target(s: StackConfig, key: str, m: ModelConfig, target: ModelConfig) -> list[str]:
-    """What the router must know about an overflow target: a shorter context than the primary's
-    (a long prompt must stay on the primary: the router's gate needs the fewest bytes per token),
-    and a placement that can be at zero replicas where the primary runs (what an overflowing
-    request gets while it wakes)."""
-    errs = []
-    short, long = target.engine.max_model_len, m.engine.max_model_len
-    if short < long and s.router.overflow_bytes_per_token is None:
-        errs.append(
-            f"{key}.overflow_to: '{target.name}' serves at most {short} tokens (engine.max_model_len), fewer than "
-            f"this entry's {long}: a longer prompt sent there is refused; allowed: an economy entry with "
-            f"max_model_len >= {long}, or set router.overflow_bytes_per_token (the fewest request-body bytes per "
-            f"prompt token, 1 for any text) so the router keeps every request that may not fit {short} tokens here"
-        )
-    ti = s.models.index(target)
-    on = {p.cluster for p in m.placements}
-    for pi, p in enumerate(target.placements):
-        if p.min_replicas == 0 and p.cluster in on and s.router.empty_economy is None:
-            errs.append(
-                f"models[{ti}].placements[{pi}].min_replicas: 0 on '{p.cluster}', where it takes {key}'s overflow: "
-                f"say what an overflowing request gets while it has no replica; allowed: router.empty_economy "
-                f"retry-after (a 503 with Retry-After at once) or queue (a wait for a primary slot, "
-                f"router.queue_s, then that 503), or min_replicas >= 1"
-            )
     return errs
 
 

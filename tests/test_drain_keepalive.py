@@ -36,6 +36,16 @@ BOUND_S = 60
 """Generous bound on a state that must come (a server started, a scrape served)."""
 
 
+def run_on_own_loop(coro) -> None:
+    """Runs `coro` on a loop of its own. Not `asyncio.run`: it leaves the main thread with no current
+    event loop (set_event_loop(None)), and Pulumi's mock engine in the tests that follow asks for one."""
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(coro)
+    finally:
+        loop.close()
+
+
 def wait_for(pred, timeout: float = BOUND_S, step: float = 0.02):
     end = time.monotonic() + timeout
     while time.monotonic() < end:
@@ -64,7 +74,7 @@ def _run_asgi(middleware, scope_type: str = "http") -> list[dict]:
     async def receive():
         return {"type": "http.request", "body": b"", "more_body": False}
 
-    asyncio.run(middleware(app)({"type": scope_type}, receive, send))
+    run_on_own_loop(middleware(app)({"type": scope_type}, receive, send))
     return sent
 
 
@@ -99,7 +109,7 @@ def test_websocket_and_lifespan_scopes_pass_through(tmp_path):
     drain_mod.write_flag(str(tmp_path / "draining"))
     m = mw.CloseWhenDraining(app, flag_path=str(tmp_path / "draining"), started_at=0)
     for t in ("lifespan", "websocket"):
-        asyncio.run(m({"type": t}, None, None))
+        run_on_own_loop(m({"type": t}, None, None))
     assert seen == ["lifespan", "websocket"]
 
 
