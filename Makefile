@@ -16,6 +16,8 @@ TORCH_CPU_WHEELS ?= /opt/wheels
 TORCH_INDEX_URL ?= https://download.pytorch.org/whl/cpu
 TORCH_SOURCE = $(if $(wildcard $(TORCH_CPU_WHEELS)),--find-links $(TORCH_CPU_WHEELS),--extra-index-url $(TORCH_INDEX_URL))
 
+# The policy pack's virtualenv, where policies/PulumiPolicy.yaml names it (`virtualenv: ../.policy-venv`),
+# so the `pulumi preview --policy-pack policies` of the README and CI runs the pack from what this makes.
 POLICY_VENV := .policy-venv
 
 .PHONY: render test deps apt-deps e2e-deps consumer-ts-deps bench policy-check policy-venv golden contract-schema mutate clean
@@ -30,7 +32,7 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt constraints.txt
 deps: $(VENV)/.installed
 
 # The policy pack's own environment, made from policies/requirements.txt alone (as the Pulumi CLI
-# makes it from PulumiPolicy.yaml); tests/test_policies_analyzer.py serves the pack from it.
+# expects it from PulumiPolicy.yaml); tests/test_policies_analyzer.py serves the pack from it.
 $(POLICY_VENV)/.installed: policies/requirements.txt constraints.txt
 	test -x $(POLICY_VENV)/bin/python || $(PYTHON) -m venv $(POLICY_VENV)
 	$(POLICY_VENV)/bin/python -m pip install --quiet -r policies/requirements.txt -c constraints.txt
@@ -90,13 +92,15 @@ golden: deps
 contract-schema: deps
 	$(PY) -m tools.contract_schema --write
 
-# PREVIEW=1 checks the stack as a first `pulumi preview` sees it (computed outputs unknown).
-policy-check: deps
+# PREVIEW=1 checks the stack as a first `pulumi preview` sees it (computed outputs unknown). It also
+# makes the pack's own venv, which `pulumi preview --policy-pack policies` runs.
+policy-check: deps policy-venv
 	$(PY) -m tools.policy_check $(STACK) $(if $(PREVIEW),--preview)
 
 bench: deps apt-deps e2e-deps
 	$(PY) bench/ebpf_sockmap_bench.py
 	$(PY) bench/router_bench.py
+	$(PY) bench/sidecar_bench.py
 	$(PY) bench/e2e_vllm_agent_bench.py
 
 # The mutation gate (tools/mutation_gate.py, docs/testing.md): mutmut over the safety-critical modules

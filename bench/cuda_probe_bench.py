@@ -1,30 +1,34 @@
 # SPDX-License-Identifier: Apache-2.0
-"""CUDA probe overhead: a stub libcudart's cudaLaunchKernel called in a tight loop, with no probe,
-with a bare uprobe+uretprobe pair that does nothing (the floor every uprobe pays: the breakpoint
-trap and the return trampoline), and with cudalat. Rounds alternate bare/cudalat; medians."""
+"""CUDA probe overhead: a stub libcuda's cuLaunchKernel (the driver entry point cudalat probes every
+launch at, issue 35) called in a tight loop, with no probe, with a bare uprobe+uretprobe pair that
+does nothing (the floor every uprobe pays: the breakpoint trap and the return trampoline), and with
+cudalat's probes attached all the time (sample fraction 1: the cost a launch pays inside a sampling
+window). Rounds alternate bare/cudalat; medians. The GPU benchmark (bench/gpu/) measures what the
+sampled probes cost a real model."""
 from __future__ import annotations
 
 import os
 import statistics
 import subprocess
 
+from agent.cudalat import CudaLat
 from agent.libbpf import Object
-from agent.programs import CudaLat
 
 STUB = r"""
 #define STUB(name) __attribute__((noinline, visibility("default"))) int name(void) \
 	{ __asm__ volatile("" ::: "memory"); return 0; }
-STUB(cudaLaunchKernel) STUB(cudaMalloc) STUB(cudaMemcpyAsync) STUB(cudaStreamSynchronize)
+STUB(cuLaunchKernel) STUB(cuLaunchKernelEx) STUB(cuGraphLaunch)
 """
 LOOP = r"""
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
-int cudaLaunchKernel(const void *, unsigned long long, unsigned long long, void **, unsigned long, void *);
+int cuLaunchKernel(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void *, void **,
+                   void **);
 int main(int argc, char **argv) {
 	long n = atol(argv[1]); struct timespec a, b;
 	clock_gettime(CLOCK_MONOTONIC, &a);
-	for (long i = 0; i < n; i++) cudaLaunchKernel(0, 1, 1, 0, 0, 0);
+	for (long i = 0; i < n; i++) cuLaunchKernel(0, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0);
 	clock_gettime(CLOCK_MONOTONIC, &b);
 	printf("%.3f\n", ((b.tv_sec - a.tv_sec) * 1e9 + (b.tv_nsec - a.tv_nsec)) / n);
 	return 0;
@@ -34,7 +38,7 @@ int main(int argc, char **argv) {
 
 def build(tmp: str, bench_dir: str) -> tuple[str, str, str]:
     """Compiles the stub library, the loop and the bare probe object; returns their paths."""
-    lib, exe, bare = (os.path.join(tmp, n) for n in ("libcudart.so.12", "loop", "bare_uprobe.bpf.o"))
+    lib, exe, bare = (os.path.join(tmp, n) for n in ("libcuda.so.1", "loop", "bare_uprobe.bpf.o"))
     for name, text in (("stub.c", STUB), ("loop.c", LOOP)):
         with open(os.path.join(tmp, name), "w") as f:
             f.write(text)
@@ -54,8 +58,8 @@ class BareProbes:
     def __init__(self, obj_path: str, lib: str):
         self.obj = Object(obj_path)
         self.obj.load()
-        self.links = [self.obj.program("bare_enter").attach_uprobe(lib, "cudaLaunchKernel", False, 0),
-                      self.obj.program("bare_exit").attach_uprobe(lib, "cudaLaunchKernel", True, 0)]
+        self.links = [self.obj.program("bare_enter").attach_uprobe(lib, "cuLaunchKernel", False, 0),
+                      self.obj.program("bare_exit").attach_uprobe(lib, "cuLaunchKernel", True, 0)]
 
     def stop(self) -> None:
         for link in self.links:
@@ -76,7 +80,7 @@ def measure(tmp: str, bench_dir: str, bpf_build: str, pin_dir: str, rounds: int,
                 probes = BareProbes(bare_obj, lib)
             else:
                 probes = CudaLat(name="cudalat", bpf_dir=bpf_build, pin_dir=pin_dir, unpin_on_exit=True,
-                                 libraries=(lib,), scan_proc=None)
+                                 libraries=(lib,), scan_proc=None, sample_fraction=1.0)
                 if not probes.start():
                     raise RuntimeError(f"cudalat: {probes.error}")
             try:

@@ -12,7 +12,7 @@ medians over rounds are compared. The patterns:
   - SSE paced / saturated: bench/sse_load.c, the frames vLLM's OpenAI server writes (sse_bench.py);
   - stream: sockperf throughput, one connection blasting 32 B writes back to back;
   - the cost of sockredir's syscall watcher: ns per getppid() without and with it.
-Then cuda_probe_bench.py: ns per stub cudaLaunchKernel call under a bare uprobe+uretprobe pair
+Then cuda_probe_bench.py: ns per stub cuLaunchKernel call under a bare uprobe+uretprobe pair
 (the floor) and under cudalat.
 """
 from __future__ import annotations
@@ -201,7 +201,7 @@ def probe_part(env: Env, a) -> None:
         m = cuda_probe_bench.measure(tmp, BENCH, os.path.join(BPF, "build"), env.pin_dir, a.rounds,
                                      a.probe_calls, env.cpu)
     med = m["median_ns"]
-    print(f"CUDA probes, stub cudaLaunchKernel, ns per call (median of {a.rounds}): none {med['none']:,.1f}, "
+    print(f"CUDA probes, stub cuLaunchKernel, ns per call (median of {a.rounds}): none {med['none']:,.1f}, "
           f"bare uprobe+uretprobe {med['bare']:,.1f}, cudalat {med['cudalat']:,.1f}")
     print(f"cudalat vs the bare pair (the floor): {m['ratio']:.3f}x per call; added cost "
           f"{m['cudalat_added_ns']:,.0f} ns vs {m['bare_added_ns']:,.0f} ns = {m['added_ratio']:.3f}x (target <= 1.25x)")

@@ -21,6 +21,7 @@ from gpuinfra_contract.model import (
     PLAIN_OUTPUTS,
     Cluster,
     GpuPool,
+    KubeAuth,
     ModelEndpoint,
     PlatformOutputs,
     ServedModel,
@@ -52,6 +53,9 @@ class ClusterFacts:
     ebpf_agent_metrics_port: Optional[int] = None
     serving_namespace: Optional[str] = None
     client_namespace_labels: Optional[dict[str, str]] = None
+    account: Optional[str] = None
+    certificate_authority_data: Optional[str] = None
+    kube_auth: Optional[dict[str, Any]] = None
 
 
 @dataclass(frozen=True)
@@ -91,6 +95,9 @@ def cluster_contract(c: ClusterFacts) -> Cluster:
         ebpf_agent_metrics_port=c.ebpf_agent_metrics_port,
         serving_namespace=c.serving_namespace,
         client_namespace_labels=dict(c.client_namespace_labels or serving_client_labels()),
+        account=c.account or None,
+        certificate_authority_data=c.certificate_authority_data or None,
+        kube_auth=KubeAuth(**c.kube_auth) if c.kube_auth else None,
     )
 
 
@@ -149,6 +156,8 @@ def _pending(layers: dict[str, Any]) -> dict[str, Any]:
         out[f"{cname}|endpoint"] = h.endpoint
         out[f"{cname}|oidc_issuer"] = h.oidc_issuer
         out[f"{cname}|interruption_queue_arn"] = h.interruption_queue_arn
+        out[f"{cname}|account"] = h.account
+        out[f"{cname}|certificate_authority"] = h.certificate_authority
         out[f"{cname}|agent_metrics_port"] = lay.agent.metrics_port if lay.agent is not None else None
         router = getattr(lay, "router", None)
         out[f"{cname}|router_base_url"] = router.base_url if router is not None else None
@@ -178,6 +187,9 @@ def _facts(cfg: StackConfig, layers: dict[str, Any], v: dict[str, Any]) -> tuple
                 ebpf_agent_metrics_port=v[f"{cname}|agent_metrics_port"],
                 serving_namespace=cfg.namespaces.serving,
                 client_namespace_labels=serving_client_labels(),
+                account=v[f"{cname}|account"],
+                certificate_authority_data=v[f"{cname}|certificate_authority"],
+                kube_auth=h.kube_auth,
             )
         )
         for model, placement in cfg.placements_on(cname):

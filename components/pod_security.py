@@ -9,9 +9,12 @@ namespaces"). tests/test_pod_security_admission.py applies the upstream checks t
   log folders (hostPath: Baseline forbids it), runs as root and, by default, with an Unconfined
   seccomp profile (docs/ebpf-agent.md). Without the agent it holds nothing and is `restricted`.
 - The serving namespace holds vLLM and the router: `baseline`, because the vLLM OpenAI image runs as
-  root (Restricted requires runAsNonRoot); `privileged` when a model placed on the cluster keeps its
-  cache on a hostPath (Baseline forbids hostPath volumes). The drain sidecar, pre-warm and router pass
-  `restricted` on their own.
+  root (Restricted requires runAsNonRoot); the model cache is an emptyDir by default, which every
+  level admits (components/serving/cache.py). `privileged` only when a model placed on the cluster
+  opts into a hostPath cache (`cache.kind: host_path`; Baseline forbids hostPath volumes and
+  admission has no per-volume exemption); the policy pack's `kubernetes-serving-pods-restricted` then
+  holds the serving pods to Restricted with exactly that volume and vLLM's root user allowed. The
+  drain sidecar, pre-warm and router pass `restricted` on their own.
 - The monitoring namespace (`observability.monitoring_namespace`, when the stack installs
   kube-prometheus-stack) holds that chart's pods, which the stack does not render: `privileged`,
   because its prometheus-node-exporter subchart (on by default: `nodeExporter.enabled: true`) runs

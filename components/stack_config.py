@@ -9,10 +9,8 @@ overlaps, drain budgets) live here on `StackConfig`. Each error names the key pa
 
 from __future__ import annotations
 
-import math
-
 from functools import cached_property
-from typing import Annotated, Any, Union
+from typing import Annotated, Any, Optional, Union
 
 from pydantic import Field, model_validator
 
@@ -21,12 +19,15 @@ from components.aws.config import AwsCluster, AwsGpuPool
 from components.aws.facts import DEFAULT_AMI_RELEASE
 from components.catalog import load_catalog
 from components.config_types import Base, Environment, allowed
+from components.consumer_rules import consumer_rules
 from components.existing.config import ExistingCluster, ExistingGpuPool
 from components.gcp.config import GcpCluster, GcpGpuPool
 from components.images.config import ImagesConfig
 from components.node_pools import effective_reserved_cpus, pool_topology_policy
 from components.platform.config import Consumer, Namespaces, ObservabilityConfig
 from components.router.config import RouterConfig
+from components.router_rules import overflow_target_problems, router_affinity_problems
+from components.serving.cache import cache_problems
 from components.serving.budget import budget_problem, go_duration, nodepool_termination_grace_s
 from components.serving.config import ModelConfig, Placement, model_budget
 
@@ -84,9 +85,10 @@ class StackConfig(Base):
         errors += _aws_ami_pinned(self)
         errors += _aws_endpoint_restricted(self)
         errors += _ebpf_agent_ports(self)
-        errors += _router_affinity(self)
+        errors += router_affinity_problems(self.models, self.router)
         errors += _image_registry(self)
         errors += _consumers(self)
+        errors += consumer_rules(self)
         errors += _platform_namespaces(self)
         if not errors:
             errors += _placements(self)
@@ -102,20 +104,6 @@ def _dupes(names: list[str]) -> list[str]:
             dup.append(n)
         seen.add(n)
     return dup
-
-
-def _router_affinity(s: StackConfig) -> list[str]:
-    """Affinity keys name model entries; and the drain's settle outlasts two agent intervals, so every
-    router has the replica in DRAIN before the kubelet's SIGTERM (after which vLLM answers 500, and a
-    retry cannot leave the primary tier)."""
-    names = sorted(m.name for m in s.models)
-    errs = [f"router.affinity.{k}: no model entry named '{k}'; allowed: {', '.join(names) or 'none'}"
-            for k in s.router.affinity if k not in names]
-    need_s = 2 * s.router.agent_interval_ms / 1000
-    errs += [f"models[{i}].drain.readiness_settle_s: {m.drain.readiness_settle_s} is shorter than two router agent "
-             f"intervals ({need_s:g} s, router.agent_interval_ms); allowed: >= {math.ceil(need_s)}"
-             for i, m in enumerate(s.models) if m.drain.readiness_settle_s < need_s]
-    return errs
 
 
 def _duplicate_names(s: StackConfig) -> list[str]:
@@ -247,6 +235,12 @@ def _consumers(s: StackConfig) -> list[str]:
         unknown = [n for n in c.clusters if n not in names]
         if unknown:
             errs.append(f"consumers[{i}].clusters: {unknown} are not clusters of this stack; allowed: {allowed(names)}")
+        for cluster in s.clusters:
+            admins = set(getattr(cluster, "admin_principal_arns", []))
+            both = [a for a in c.aws_principal_arns if a in admins and (not c.clusters or cluster.name in c.clusters)]
+            if both:
+                errs.append(f"consumers[{i}].aws_principal_arns: {both} are admins of cluster {cluster.name} "
+                            f"(admin_principal_arns); EKS takes one access entry per principal; allowed: one of the two")
     return errs
 
 
@@ -279,6 +273,8 @@ def _placements(s: StackConfig) -> list[str]:
                     f"{key}.overflow_to: '{m.overflow_to}' must be an economy-tier entry with the same "
                     f"served model name ('{m.served_name}')"
                 )
+            elif s.router.enabled is not False:
+                errs += overflow_target_problems(s.models, s.router, key, m, target)
         placed_on: dict[str, int] = {}
         for pi, pl in enumerate(m.placements):
             pkey = f"{key}.placements[{pi}]"
@@ -312,6 +308,8 @@ def _placements(s: StackConfig) -> list[str]:
                 key, m, pool, pool_key, pool_topology_policy(cluster, pool), effective_reserved_cpus(cluster, pool)
             )
             errs += _drain_budget(key, m, cluster, pool, pool_key)
+            per_node = max(1, min(t.gpu_count for t in pool.instance_types) // m.engine.gpus_per_replica)
+            errs += cache_problems(key, m, cluster_cloud(cluster), pool.node_disk_gib, per_node, pool_key)
     return errs
 
 
@@ -391,13 +389,23 @@ def _drain_budget(key: str, m: ModelConfig, cluster: Any, pool: AnyPool, pool_ke
     if problem is not None:
         field = "engine.max_queued_requests" if b.queue_rounds else "drain.max_request_s"
         return [f"{key}.{field}: on {pool_key} ({pool.capacity}, cluster '{cluster.name}') {problem}"]
-    if cluster.cloud == "aws":
-        limit = nodepool_termination_grace_s(pool.capacity, cluster.spot_notice_s)
-        if b.grace_s > limit:
-            return [
-                f"{key}.drain.max_request_s: the drain's grace of {b.grace_s}s exceeds the "
-                f"{go_duration(limit)} terminationGracePeriod of {pool_key}'s NodePools, after which "
-                f"Karpenter deletes the pod; allowed: a grace <= {limit}s (a shorter queue or "
-                f"max_request_s)"
-            ]
+    limit = karpenter_grace_s(cluster, pool)
+    if limit is not None and b.grace_s > limit:
+        return [
+            f"{key}.drain.max_request_s: the drain's grace of {b.grace_s}s exceeds the "
+            f"{go_duration(limit)} terminationGracePeriod of {pool_key}'s NodePools, after which "
+            f"Karpenter deletes the pod; allowed: a grace <= {limit}s (a shorter queue or "
+            f"max_request_s)"
+        ]
     return []
+
+
+def karpenter_grace_s(cluster: Any, pool: AnyPool) -> Optional[int]:
+    """The terminationGracePeriod of the Karpenter NodePools that drain `pool`, wherever Karpenter
+    runs: ours on AWS (components/serving/budget.py), an existing cluster's as its config states it
+    (`gpu_pools[].karpenter`); None where Karpenter does not drain the pool or sets no period (then
+    the pool gets no PDB: `budget.unbounded_pdb_wait`)."""
+    if cluster.cloud == "aws":
+        return nodepool_termination_grace_s(pool.capacity, cluster.spot_notice_s)
+    k = getattr(pool, "karpenter", None)
+    return k.termination_grace_period_s if k is not None else None

@@ -19,6 +19,7 @@ from components.existing.config import ExistingCluster as ExistingClusterConfig
 from components.gcp.config import GcpCluster
 from components.stack_config import StackConfig, cluster_cloud
 from components.config_loader import LoadedConfig
+from components.consumer_rules import consumer_cidrs_on
 from components.agent.ebpf_agent import EbpfAgent, EbpfAgentArgs
 from components.existing.cluster import ExistingCluster, ExistingClusterArgs
 from components.gcp.cluster import GcpGpuCluster, GcpGpuClusterArgs
@@ -31,20 +32,23 @@ from components.aws.registry import EcrRegistry, EcrRegistryArgs
 from components.gcp.registry import ArtifactRegistry, ArtifactRegistryArgs
 from components.gcp.specs import gcp_labels
 from components.images.images import ProjectImages, ProjectImagesArgs
-from components.images.specs import SOURCES
+from components.images.specs import needed_sources
+from components.existing.registry import configured_registry
 from components.platform.registry import ImageRegistry
 from components.pod_security import namespace_pod_security
 
 
 def cuda_launch_traced(cfg: StackConfig) -> bool:
-    """Whether the agent exports `cudaLaunchKernel` enqueue times (CudaLaunchStall's series): CUDA
-    uprobes on, and either the /proc scan (it finds the libcudart inside each vLLM image) or a
-    listed libcudart. A list of driver libraries only (`libcuda.so`) sees `cuLaunchKernel`, never
-    `cudaLaunchKernel` (docs/ebpf-agent.md, least privilege for CUDA tracing)."""
+    """Whether the agent exports kernel launch enqueue times (CudaLaunchStall's series): CUDA uprobes
+    on, and either the /proc scan (it finds the driver library each vLLM process maps) or a listed
+    driver library. Launches are probed at the driver's entry points (`cuLaunchKernel`,
+    `cuLaunchKernelEx` in libcuda); a list of runtime libraries only (`libcudart.so`) sees copies,
+    allocations and synchronizations, never a launch (docs/ebpf-agent.md, least privilege for CUDA
+    tracing)."""
     a = cfg.ebpf_agent
     paths = a.cuda_uprobes.library_paths
     return a.enabled and a.cuda_uprobes.enabled and (
-        not paths or any(p.rsplit("/", 1)[-1].startswith("libcudart") for p in paths))
+        not paths or any(p.rsplit("/", 1)[-1].startswith("libcuda.") for p in paths))
 
 
 def platform_labels(cfg: StackConfig) -> dict[str, str]:
@@ -65,7 +69,9 @@ class ClusterLayers:
 def build_cluster(loaded: LoadedConfig, c: Any) -> ClusterHandle:
     cfg = loaded.stack
     if isinstance(c, AwsCluster):
-        return AwsGpuCluster(c.name, AwsGpuClusterArgs(config=c, environment=cfg.environment, tags=cfg.tags)).handle
+        args = AwsGpuClusterArgs(config=c, environment=cfg.environment, tags=cfg.tags,
+                                 consumer_cidrs=tuple(consumer_cidrs_on(cfg, c.name)))
+        return AwsGpuCluster(c.name, args).handle
     if isinstance(c, GcpCluster):
         ports = addon_api_server_ports(cfg.observability)
         args = GcpGpuClusterArgs(config=c, environment=cfg.environment, tags=cfg.tags, addon_api_server_ports=ports)
@@ -81,16 +87,18 @@ def build_registry(loaded: LoadedConfig, c: Any, handle: ClusterHandle) -> Image
     cfg = loaded.stack
     if cfg.images.source == "prebuilt":
         return None
+    sources = needed_sources(cfg.ebpf_agent.enabled)
     if isinstance(c, AwsCluster):
-        args = EcrRegistryArgs(cluster=c.name, aws_provider=handle.extras["aws_provider"])
+        args = EcrRegistryArgs(cluster=c.name, aws_provider=handle.extras["aws_provider"], sources=sources)
         # Like every AWS resource of the cluster, the repositories wait for its CNI guard.
         guard = pulumi.ResourceOptions(depends_on=handle.extras["aws_guard"])
         return EcrRegistry(f"{c.name}-registry", args, opts=guard).registry
     if isinstance(c, GcpCluster):
-        args = ArtifactRegistryArgs(cluster=c.name, project=c.project, region=c.region, labels=gcp_labels(cfg.tags))
+        args = ArtifactRegistryArgs(cluster=c.name, project=c.project, region=c.region, labels=gcp_labels(cfg.tags),
+                                    sources=sources)
         return ArtifactRegistry(f"{c.name}-registry", args).registry
     assert cfg.images.registry is not None  # StackConfig's images.registry rule
-    return ImageRegistry(repositories={s.role: f"{cfg.images.registry}/{s.repository}" for s in SOURCES})
+    return configured_registry(cfg.images.registry, pulumi.get_stack(), sources)
 
 
 def build_layers(
@@ -98,7 +106,8 @@ def build_layers(
 ) -> ClusterLayers:
     cfg = loaded.stack
     labels = platform_labels(cfg)
-    images = ProjectImages(f"{handle.name}-images", ProjectImagesArgs(config=cfg.images, registry=registry))
+    images = ProjectImages(f"{handle.name}-images", ProjectImagesArgs(
+        config=cfg.images, registry=registry, sources=needed_sources(cfg.ebpf_agent.enabled)))
     on_cluster = pulumi.ResourceOptions(provider=handle.provider, depends_on=handle.ready_after)
     addons = PlatformAddons(
         f"{handle.name}-addons",
@@ -110,6 +119,7 @@ def build_layers(
             alert_secrets=loaded.alert_secrets,
             system_namespace_needed=cfg.ebpf_agent.enabled,
             consumers=tuple(cfg.consumers_on(handle.name)),
+            scrape_targets=handle.scrape_targets,
         ),
         opts=on_cluster,
     )
@@ -132,6 +142,8 @@ def build_layers(
             opts=after_addons,
         )
     layers = ClusterLayers(handle=handle, addons=addons, agent=agent, images=images)
+    models = [m for m, _ in cfg.placements_on(handle.name)]
+    routed = router_enabled(cfg.router, models)
     for model, placement in cfg.placements_on(handle.name):
         layers.serving[model.name] = VllmServing(
             f"{handle.name}-{model.name}",
@@ -147,11 +159,11 @@ def build_layers(
                 labels=labels,
                 runtime_image=images.refs["runtime"],
                 cuda_tracing=cuda_launch_traced(cfg),
+                overflow_from=tuple(x.name for x in models if routed and x.overflow_to == model.name),
             ),
             opts=after_addons,
         )
-    models = [m for m, _ in cfg.placements_on(handle.name)]
-    if router_enabled(cfg.router, models):
+    if routed:
         layers.router = Router(
             f"{handle.name}-llm-router",
             RouterArgs(

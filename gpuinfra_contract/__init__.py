@@ -3,11 +3,13 @@
     from gpuinfra_contract import PlatformOutputs
     platform = PlatformOutputs.from_stack_reference("org/gpu-inference-platform/prod")
 
+`kubeconfig_for(outputs, cluster)` builds a consumer's kubeconfig from the plain outputs alone (1.3).
 `load_schema()` returns the contract as a JSON Schema (schema/contract-<version>.json), for
 validating outputs outside Python.
 """
 
 from gpuinfra_contract.json_schema import contract_json_schema, load_schema, schema_path
+from gpuinfra_contract.kubeconfig import kubeconfig_for
 
 from gpuinfra_contract.model import (
     CONTRACT_VERSION,
@@ -16,6 +18,7 @@ from gpuinfra_contract.model import (
     Cluster,
     ContractError,
     GpuPool,
+    KubeAuth,
     ModelEndpoint,
     PlatformOutputs,
     PlatformReference,
@@ -31,12 +34,14 @@ __all__ = [
     "Cluster",
     "ContractError",
     "GpuPool",
+    "KubeAuth",
     "ModelEndpoint",
     "PlatformOutputs",
     "PlatformReference",
     "ServedModel",
     "check_compatible",
     "contract_json_schema",
+    "kubeconfig_for",
     "load_schema",
     "parse_version",
     "schema_path",

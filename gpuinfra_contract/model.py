@@ -18,7 +18,7 @@ from typing import Any, Literal, Mapping, Optional
 import pulumi
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 
-CONTRACT_VERSION = "1.2.0"
+CONTRACT_VERSION = "1.3.0"
 _SEMVER = re.compile(r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)(?:-[0-9A-Za-z.-]+)?(?:\+[0-9A-Za-z.-]+)?$")
 
 
@@ -45,6 +45,18 @@ class GpuPool(_Model):
     native_names: list[str] = Field(default_factory=list, description="Karpenter NodePools / GKE node pools behind the pool.")
 
 
+class KubeAuth(_Model):
+    """The exec credential plugin a kubeconfig's user runs to get a token for the cluster, with the
+    caller's own cloud credentials (client.authentication.k8s.io exec plugins, Kubernetes
+    "Authenticating": client-go credential plugins)."""
+
+    api_version: str = Field(description="`apiVersion` of the ExecCredential the command prints.")
+    command: str = Field(description="The command, e.g. `aws` or `gke-gcloud-auth-plugin`.")
+    args: list[str] = Field(default_factory=list, description="Its arguments; they name the owning account's cluster and region, so nothing is looked up in the caller's account.")
+    provide_cluster_info: bool = Field(False, description="Whether the plugin reads the cluster from `KUBERNETES_EXEC_INFO` (`provideClusterInfo`).")
+    install_hint: Optional[str] = Field(None, description="How to install the command.")
+
+
 class Cluster(_Model):
     cloud: Literal["aws", "gcp", "existing"] = Field(description="Where the cluster runs.")
     region: str = Field(description="Cloud region (`unknown` for an existing cluster without one).")
@@ -62,6 +74,22 @@ class Cluster(_Model):
         default_factory=lambda: {SERVING_CLIENT_LABEL: "true"},
         description="(1.2) Labels a consumer's namespace must carry for the serving namespace's NetworkPolicy to admit its pods (every other namespace but Prometheus' is denied). Older producers admitted the same label.",
     )
+    account: Optional[str] = Field(
+        None, description="(1.3) Who owns the cluster: the AWS account id or the GCP project id; null for an existing cluster or from older producers."
+    )
+    certificate_authority_data: Optional[str] = Field(
+        None,
+        description="(1.3) Base64 PEM of the CA that signs the API server's certificate (a kubeconfig's `certificate-authority-data`); null where the endpoint's certificate is publicly trusted (GKE's DNS endpoint), for an existing cluster, or from older producers.",
+    )
+    kube_auth: Optional[KubeAuth] = Field(
+        None,
+        description="(1.3) How a consumer authenticates to the API server with its own cloud identity (an exec plugin naming the owning account's cluster and region). With `endpoint` and `certificate_authority_data` it is all a kubeconfig needs (`gpuinfra_contract.kubeconfig_for`); null for an existing cluster or from older producers.",
+    )
+
+    @property
+    def server(self) -> str:
+        """The API server URL (`endpoint` is a URL on EKS, a host name on GKE's DNS endpoint)."""
+        return self.endpoint if "://" in self.endpoint else f"https://{self.endpoint}"
 
 
 class ModelEndpoint(_Model):

@@ -32,6 +32,7 @@ from policies.common import (
     whole_number,
 )
 from policies.preview import Undecided
+from policies.label_sets import internet_family
 
 # ---- EKS: the rules read the `aws:eks/cluster:Cluster` pulumi-eks registers --------------------
 #
@@ -86,7 +87,9 @@ def eks_private_endpoint(args: ResourceValidationArgs, report_violation: ReportV
     # it is allowed in prod only when limited to configured CIDRs (EKS publicAccessCidrs; the API's
     # default is 0.0.0.0/0, so an unset value fails).
     cidrs = [str(c) for c in as_list(vpc.get("publicAccessCidrs"))]
-    if truthy(public) is not False and (not cidrs or any(c.endswith("/0") for c in cidrs)):
+    # Judged by their union: 0.0.0.0/1 + 128.0.0.0/1 is the internet too (policies/label_sets.py).
+    if truthy(public) is not False and (not cidrs or any(c.endswith("/0") for c in cidrs)
+                                        or internet_family((c, ()) for c in cidrs)):
         report_violation(
             "EKS API endpoint is public to the internet in prod; limit publicAccessCidrs to the "
             "deployer's egress CIDRs (config: clusters[].endpoint.public_access_cidrs)"

@@ -13,7 +13,7 @@ from typing import Any, Mapping, Optional
 
 from pulumi_policy import EnforcementLevel, PolicyResource, ReportViolation, StackValidationArgs, StackValidationPolicy
 
-from policies.common import DEPLOYMENT, PDB, REPLICASET, SCALED_OBJECT, STATEFULSET, as_map, dig, object_name, whole_number
+from policies.common import DEPLOYMENT, PDB, REPLICASET, SCALED_OBJECT, STATEFULSET, WORKLOAD_TYPES, as_map, dig, object_name, whole_number
 from policies.preview import Undecided
 from policies.scope import ClusterScope
 from policies.serving_rules import selector_matches
@@ -109,11 +109,54 @@ def pdb_allows_disruption(args: StackValidationArgs, report_violation: ReportVio
     undecided.settle()
 
 
+# ---- kubernetes-pdb-no-overlap ----------------------------------------------------------------
+
+
+def pdb_selects(pdb: PolicyResource, w: PolicyResource) -> bool:
+    """The PDB's selector matches the workload's pod labels in its namespace (an empty selector
+    selects every pod of the namespace, a missing one none: policy/v1 `PodDisruptionBudgetSpec`)."""
+    selector = dig(pdb.props, "spec", "selector")
+    return (selector is not None and namespace_of(pdb.props) == namespace_of(w.props)
+            and selector_matches(as_map(selector), template_labels(w.resource_type, w.props)))
+
+
+def pdb_no_overlap(args: StackValidationArgs, report_violation: ReportViolation) -> None:
+    """The eviction API refuses outright to evict a pod that two PDBs select: "This pod has more than
+    one PodDisruptionBudget, which the eviction subresource does not support." (HTTP 500; kubernetes
+    pkg/registry/core/pod/storage/eviction.go, `len(pdbs) > 1`), whatever either budget allows, so a
+    drain, consolidation or spot replacement never moves those pods (Karpenter's node terminator
+    recognises the same message, `multiplePodDisruptionBudgetsError`, kubernetes-sigs/karpenter)."""
+    scope = ClusterScope(args.resources)
+    resources = list(args.resources)
+    pdbs = [r for r in resources if r.resource_type == PDB]
+    undecided = Undecided()
+    for w in resources:
+        if w.resource_type not in WORKLOAD_TYPES:
+            continue
+        with undecided.part(f"{w.resource_type} {w.name}"):
+            both = [p for p in pdbs if scope.same(p, w) and pdb_selects(p, w)]
+            if len(both) > 1:
+                names = " and ".join(f"'{object_name(p.props, p.name)}'" for p in both)
+                report_violation(
+                    f"PodDisruptionBudgets {names} both select the pods of {w.resource_type.rsplit(':', 1)[-1]} "
+                    f"'{object_name(w.props, w.name)}': the eviction API refuses to evict a pod two budgets select "
+                    f"(HTTP 500), so no drain, consolidation or spot replacement can move them; keep one PDB per set of pods",
+                    w.urn,
+                )
+    undecided.settle()
+
+
 POLICIES = [
     StackValidationPolicy(
         name="kubernetes-pdb-allows-disruption",
         description="No PodDisruptionBudget forbids every eviction (maxUnavailable 0, minAvailable 100% or at the replica count).",
         enforcement_level=EnforcementLevel.MANDATORY,
         validate=pdb_allows_disruption,
+    ),
+    StackValidationPolicy(
+        name="kubernetes-pdb-no-overlap",
+        description="No pod is selected by two PodDisruptionBudgets (the eviction API refuses such pods).",
+        enforcement_level=EnforcementLevel.MANDATORY,
+        validate=pdb_no_overlap,
     ),
 ]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import Any, Mapping
+from typing import Any, Mapping, Optional
 
 from pulumi_policy import (
     EnforcementLevel,
@@ -30,10 +30,12 @@ from policies.common import (
     nodepool_pool_label,
     nodepool_weight,
     object_name,
+    parse_quantity,
     truthy,
+    whole_number,
 )
 from policies.preview import Undecided
-from policies.scope import ClusterScope, karpenter_gpu_models
+from policies.scope import ClusterScope, karpenter_gpu_counts, karpenter_gpu_models
 
 KARPENTER_CHART = "karpenter"
 
@@ -100,7 +102,7 @@ def _check_fallback(np, pools, scope: ClusterScope, report_violation: ReportViol
             return  # a NodePool allowing both falls back to on-demand by itself
         label = nodepool_pool_label(np.props)
         name = object_name(np.props, np.name)
-        fallbacks = [
+        candidates = [
             o
             for o in pools
             if o is not np
@@ -108,7 +110,15 @@ def _check_fallback(np, pools, scope: ClusterScope, report_violation: ReportViol
             and "on-demand" in nodepool_capacity_types(o.props)
             and (label is None or nodepool_pool_label(o.props) == label)
         ]
-        if not fallbacks:
+        fallbacks = [o for o in candidates if fallback_room(o.props) is None]
+        if candidates and not fallbacks:
+            report_violation(
+                f"spot NodePool '{name}' has on-demand fallbacks that can hold no GPU node: "
+                + "; ".join(f"'{object_name(o.props, o.name)}' {fallback_room(o.props)}" for o in candidates)
+                + f"; raise the fallback's spec.limits['{GPU_RESOURCE}'] to at least one node's GPUs (config: the pool's max_nodes)",
+                np.urn,
+            )
+        elif not fallbacks:
             report_violation(
                 f"spot NodePool '{name}' has no on-demand fallback NodePool"
                 f"{f' for pool {label!r}' if label else ''} in its cluster; in prod add a NodePool "
@@ -123,6 +133,23 @@ def _check_fallback(np, pools, scope: ClusterScope, report_violation: ReportViol
                 f"the spot NodePool the higher spec.weight so Karpenter tries spot first",
                 np.urn,
             )
+
+
+def fallback_room(props: Mapping[str, Any]) -> Optional[str]:
+    """Why a fallback NodePool can launch no GPU node (None when it can): its GPU limit is below the
+    GPUs of the smallest GPU type it may launch (Karpenter launches no node whose resources would take
+    the NodePool past spec.limits: karpenter.sh docs "NodePools", "spec.limits")."""
+    limits = as_map(dig(props, "spec", "limits"))
+    if not has_key(limits, GPU_RESOURCE):
+        return None
+    limit = parse_quantity(limits.get(GPU_RESOURCE))
+    if limit is None:
+        return None
+    counts = karpenter_gpu_counts(props)
+    smallest = min(counts.values()) if counts else 1
+    if limit < smallest:
+        return f"has spec.limits['{GPU_RESOURCE}'] {limits.get(GPU_RESOURCE)}, below one node's {smallest} GPU(s)"
+    return None
 
 
 # ---- karpenter-nodepool-gpu-limit ------------------------------------------------------------
@@ -164,15 +191,51 @@ def is_gpu_nodepool(props) -> bool:
     return bool(karpenter_gpu_models(props))
 
 
+def _excludes_gpus(r: Mapping[str, Any]) -> bool:
+    """One requirement no GPU instance type satisfies. `instance-gpu-*` labels exist only on GPU types
+    (Karpenter's well-known labels, karpenter.sh docs "Instance Types"), so DoesNotExist on one keeps
+    every GPU type out; an In over only non-GPU categories, families or types does too."""
+    key, op = r.get("key"), r.get("operator")
+    values = [str(v) for v in as_list(r.get("values"))]
+    if key in GPU_REQUIREMENT_KEYS:
+        return op == "DoesNotExist" or (key == "karpenter.k8s.aws/instance-gpu-count" and op == "Lt"
+                                        and all((whole_number(v) or 0) <= 1 for v in values))
+    if key == "karpenter.k8s.aws/instance-category":
+        return (op == "In" and not any(v in GPU_INSTANCE_CATEGORIES for v in values)) or (
+            op == "NotIn" and all(c in values for c in GPU_INSTANCE_CATEGORIES)) or op == "DoesNotExist"
+    if key == "karpenter.k8s.aws/instance-family":
+        return op == "In" and not any(_GPU_FAMILY.match(v) for v in values)
+    if key == "node.kubernetes.io/instance-type":
+        return op == "In" and not any(_GPU_FAMILY.match(v.split(".", 1)[0]) for v in values)
+    return False
+
+
+def can_reach_gpus(props) -> bool:
+    """A NodePool Karpenter may launch a GPU instance for: one that asks for GPUs (`is_gpu_nodepool`),
+    or one whose requirements leave GPU types in (Karpenter picks from every type the requirements
+    allow, a pod asking for nvidia.com/gpu included: karpenter.sh docs "NodePools", spec.template.spec.requirements)."""
+    reqs = [as_map(r) for r in as_list(dig(props, "spec", "template", "spec", "requirements"))]
+    return is_gpu_nodepool(props) or not any(_excludes_gpus(r) for r in reqs)
+
+
 def nodepool_gpu_limit(args: ResourceValidationArgs, report_violation: ReportViolation) -> None:
-    if args.resource_type != NODEPOOL or not is_gpu_nodepool(args.props):
+    if args.resource_type != NODEPOOL or not can_reach_gpus(args.props):
         return
     limits = as_map(dig(args.props, "spec", "limits"))
     if not has_key(limits, GPU_RESOURCE):
-        report_violation(
-            f"GPU NodePool '{object_name(args.props, args.name)}' sets no spec.limits['{GPU_RESOURCE}'], so "
-            f"Karpenter may launch GPU nodes without bound; set it to the pool's max_nodes x GPUs per node"
-        )
+        name = object_name(args.props, args.name)
+        if is_gpu_nodepool(args.props):
+            report_violation(
+                f"GPU NodePool '{name}' sets no spec.limits['{GPU_RESOURCE}'], so Karpenter may launch GPU nodes "
+                f"without bound; set it to the pool's max_nodes x GPUs per node"
+            )
+        else:
+            report_violation(
+                f"NodePool '{name}' asks for no GPU but none of its requirements keeps GPU instance types out, and it "
+                f"sets no spec.limits['{GPU_RESOURCE}']: a pod asking for {GPU_RESOURCE} makes Karpenter launch GPU "
+                f"nodes from it without bound; add `karpenter.k8s.aws/instance-gpu-count DoesNotExist` (or an "
+                f"instance-category In without g/p), or set spec.limits['{GPU_RESOURCE}'] (\"0\" for none)"
+            )
 
 
 # ---- karpenter-ec2nodeclass-imdsv2 -----------------------------------------------------------

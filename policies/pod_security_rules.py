@@ -55,10 +55,11 @@ RESTRICTED_VOLUME_TYPES = (
 )
 """The volume sources Pod Security "restricted" allows (check_restrictedVolumes.go), for the agent guard."""
 
-DEFAULT_HOST_PATHS = ["/mnt/models", "/mnt/k8s-disks/0/models", "/var/lib/gpuinfra/models"]
-"""Host paths any workload may mount: the node-local model caches the platform itself places (the
-default `models[].cache.host_path`, the instance-store RAID0 cache on AWS NVMe pools,
-components/aws/disks.py, and the writable cache directory on GKE's COS, components/gcp/specs.py). The pack runs without the platform's code, so these are restated here and
+DEFAULT_HOST_PATHS = ["/mnt/k8s-disks/0/models", "/var/lib/gpuinfra/models"]
+"""Host paths a model cache may mount: the node directories a `cache.kind: host_path` cache gets when
+the model names none (the instance-store RAID0 on AWS NVMe pools, components/aws/disks.py; the
+directory under `/var`, writable on COS, AL2023 and Ubuntu, components/serving/cache.py and
+components/gcp/specs.py). The pack runs without the platform's code, so these are restated here and
 tests/test_policies_rules.py checks they match."""
 EBPF_AGENT_HOST_PATHS = [
     "/sys/fs/bpf",

@@ -70,6 +70,31 @@ class GpuPool:
     weight: int = 0
 
 
+def karpenter_gpu_counts(props: Mapping[str, Any]) -> dict[str, int]:
+    """GPU instance type -> GPUs per node, for the types a NodePool's instance-type/family requirement
+    names that the GPU catalog knows."""
+    counts = {}
+    for n in _karpenter_type_names(props):
+        g = gpu_of_instance("aws", n)
+        if g:
+            counts[n] = g[1]
+    return counts
+
+
+def _karpenter_type_names(props: Mapping[str, Any]) -> set[str]:
+    reqs = {r.get("key"): r for r in as_list(dig(props, "spec", "template", "spec", "requirements")) if isinstance(r, Mapping)}
+    aws = as_map(gpu_catalog().get("aws"))
+    names: set[str] = set()
+    itype = reqs.get("node.kubernetes.io/instance-type")
+    family = reqs.get("karpenter.k8s.aws/instance-family")
+    if itype and itype.get("operator") == "In":
+        names = {str(v) for v in as_list(itype.get("values"))}
+    elif family and family.get("operator") == "In":
+        fams = {str(v) for v in as_list(family.get("values"))}
+        names = {n for n, spec in aws.items() if as_map(spec).get("family", n.split(".")[0]) in fams}
+    return names
+
+
 def karpenter_gpu_models(props: Mapping[str, Any]) -> dict[str, bool]:
     reqs = {r.get("key"): r for r in as_list(dig(props, "spec", "template", "spec", "requirements")) if isinstance(r, Mapping)}
     aws = as_map(gpu_catalog().get("aws"))

@@ -10,9 +10,12 @@ Pulumi secrets (`policies/secret_values.py`). A finding never repeats the value.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import re
 from collections.abc import Mapping
 from typing import Any, Iterator, Optional
+from urllib.parse import parse_qsl, urlsplit
 
 import yaml
 from pulumi_policy.proxy import UnknownValueError
@@ -38,16 +41,28 @@ SHAPES: tuple[tuple[str, re.Pattern], ...] = tuple((label, re.compile(rx)) for l
 SECRET_VALUE = re.compile("|".join(f"(?:{rx.pattern})" for _, rx in SHAPES))
 
 _SECRET_NAME = re.compile(
-    r"(^|_)(TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|ACCESS_KEY|SECRET_KEY|PRIVATE_KEY|CREDENTIALS?|ROUTING_KEY|SERVICE_KEY|WEBHOOK_URL)($|_)",
+    r"((^|_)(API_?KEY|ACCESS_KEY|SECRET_KEY|PRIVATE_KEY|ROUTING_KEY|SERVICE_KEY|WEBHOOK_URL)"
+    r"|(TOKEN|SECRET|PASSWORD|PASSWD|PASSPHRASE|APIKEY|CREDENTIALS?))($|_)",
     re.IGNORECASE,
 )
+"""A credential word ending the name or a `_` part of it. The unambiguous words may follow a prefix
+with no separator (`DBPASSWORD`, `IDENTITYTOKEN`, `REGISTRYTOKEN` in a registry credential file);
+`TOKENS`, `TOKENIZER` or `PASSWORDLESS` are other words."""
+_TOKEN_ONLY = re.compile(r"TOKEN($|_)", re.IGNORECASE)
+_NUMBER = re.compile(r"^[+-]?[0-9]+(\.[0-9]+)?([eE][+-]?[0-9]+)?$")
+"""A number: under a name whose only credential word is TOKEN (`RATE_LIMIT_TOKEN=100`,
+`TOKEN_BUDGET=4096`) it counts tokens of text, not an auth token."""
 _NOT_A_SECRET_NAME = re.compile(
     r"(_(FILE|PATH|DIR|NAME|KEY_ID|REF|ENABLED|DISABLED|TTL|TIMEOUT|EXPIRY|LIFETIME|LENGTH|SIZE|COUNT|LIMIT|TYPE)$)"
     r"|((?<!WEBHOOK)_(URL|ENDPOINT)$)|(^|_)(DISABLE|ENABLE|USE|NO)_|(^|_)MAX_|(^|_)NUM_|(^|_)EXISTING_",
     re.IGNORECASE,
 )
-_BENIGN_VALUE = re.compile(r"^(0|1|true|false|yes|no|on|off|none|auto)$|^/|^\$\(|^\$\{|^\{\{", re.IGNORECASE)
-"""A flag, a file path (GOOGLE_APPLICATION_CREDENTIALS=/var/run/...), or a reference to another variable or a template."""
+_BENIGN_VALUE = re.compile(
+    r"^(0|1|true|false|yes|no|on|off|none|auto)$|^/|^\$\(|^\$\{|^\{\{|^\$__(file|env|vault)\{[^}]*\}$", re.IGNORECASE)
+"""A flag, a file path (GOOGLE_APPLICATION_CREDENTIALS=/var/run/...), or a reference: to another
+variable, a template, or Grafana's `$__file{<path>}`, `$__env{<VAR>}` and `$__vault{<ref>}`, which
+Grafana expands when it reads its configuration, the documented way to keep a secret out of it
+(grafana.com/docs/grafana/latest/setup-grafana/configure-grafana, "Variable expansion")."""
 REFERENCE_KEYS = frozenset({"valueFrom", "secretKeyRef", "secretRef", "envFrom", "configMapKeyRef", "secretKeySelector"})
 _KEY_NAME = re.compile(r"^[-._a-zA-Z0-9]{1,253}$")
 """A Secret's data key (validation of Secret keys: `[-._a-zA-Z0-9]+`)."""
@@ -82,14 +97,84 @@ def shape_of(value: str) -> Optional[str]:
     return None
 
 
+_URL = re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.-]*://[^\s'\"<>]+")
+QUERY_CREDENTIALS = frozenset({"key", "sig", "signature", "auth", "x-amz-signature", "x-goog-signature"})
+"""Query parameters that carry a credential under names the name rule does not know: API keys
+(`?key=`), shared-access and presigned-URL signatures (Azure SAS `sig`, AWS SigV4 `X-Amz-Signature`,
+GCS V4 `X-Goog-Signature`)."""
+_REFERENCE = re.compile(r"^(\$\(|\$\{|\{\{|<|%\(|\$__)")
+
+
+def query_credential(value: str) -> Optional[str]:
+    """The name of a query parameter of a URL in `value` that carries a literal credential
+    (`?api_key=...`, `&access_token=...`), or None."""
+    for url in _URL.findall(value):
+        try:
+            params = parse_qsl(urlsplit(url).query, keep_blank_values=False)
+        except ValueError:
+            continue
+        for k, v in params:
+            if (secret_name(k.replace("-", "_")) or k.lower() in QUERY_CREDENTIALS) and not _REFERENCE.match(v) \
+                    and not _BENIGN_VALUE.match(v) and not (_NUMBER.match(v) and _token_only(k)):
+                return k
+    return None
+
+
+def registry_auth(name: str, value: str) -> bool:
+    """A registry credential file's `auth`: base64 of `user:password` (the docker config.json
+    `auths.<registry>.auth` that kubernetes.io/dockerconfigjson Secrets and registry clients read)."""
+    if name.lower() != "auth" or len(value) < 8:
+        return False
+    try:
+        text = base64.b64decode(value, validate=True).decode("utf-8")
+    except (binascii.Error, ValueError):
+        return False
+    user, sep, password = text.partition(":")
+    return bool(sep and user and password and text.isprintable())
+
+
+def netrc_password(text: str) -> Optional[str]:
+    """The machine of a `.netrc` entry with a literal `password` (ftp(1)/curl's netrc format:
+    whitespace-separated `machine <host> login <user> password <password>`), or None."""
+    words = text.split()
+    if not any(w in ("machine", "default") for w in words):
+        return None
+    machine = "default"
+    for i, w in enumerate(words[:-1]):
+        if w == "machine":
+            machine = words[i + 1]
+        elif w == "password" and not _REFERENCE.match(words[i + 1]):
+            return machine
+    return None
+
+
+def value_finding(value: str) -> Optional[str]:
+    """Why `value` is a credential whatever its name: a token's shape, a URL query credential, a
+    `.netrc` password."""
+    if shape := shape_of(value):
+        return f"holds {shape}"
+    if (param := query_credential(value)) is not None:
+        return f"holds a URL with a credential in its query (`{param}=`)"
+    if (machine := netrc_password(value)) is not None:
+        return f"holds a .netrc `password` for {machine}"
+    return None
+
+
+def _token_only(name: str) -> bool:
+    n = camel_to_snake(name)
+    return bool(_TOKEN_ONLY.search(n)) and not _SECRET_NAME.search(_TOKEN_ONLY.sub("", n))
+
+
 def finding(name: str, value: Any, trust_secrets: bool = False) -> Optional[str]:
     """Why `name: value` is a credential in clear, or None (`trust_secrets`: a Pulumi secret is not)."""
     if not isinstance(value, str) or value == "" or (trust_secrets and is_secret(value)) or is_unknown(value):
         return None
-    shape = shape_of(value)
-    if shape:
-        return f"holds {shape}"
-    if secret_name(name) and not _BENIGN_VALUE.match(value.strip()):
+    if why := value_finding(value):
+        return why
+    if registry_auth(name, value):
+        return "holds a registry credential (base64 `user:password` under `auth`)"
+    v = value.strip()
+    if secret_name(name) and not _BENIGN_VALUE.match(v) and not (_NUMBER.match(v) and _token_only(name)):
         return f"is named like a credential ({name}) and holds a literal"
     return None
 
@@ -165,7 +250,7 @@ def scan(tree: Any, path: str = "", trust_secrets: bool = False) -> Iterator[tup
                     continue
                 if why := finding(str(k), v, trust):
                     yield sub, why
-                elif "\n" in v.strip():
+                elif "\n" in v.strip() or v.lstrip().startswith(("{", "[")):  # a config file, or one line of JSON
                     yield from _embedded(sub, v, trust)
             else:
                 yield from scan(v, sub, trust)
@@ -178,7 +263,7 @@ def scan(tree: Any, path: str = "", trust_secrets: bool = False) -> Iterator[tup
             if not known or (trust and is_secret(v)):
                 continue
             if isinstance(v, str):
-                if shape := shape_of(v):
-                    yield f"{path}[{i}]", f"holds {shape}"
+                if why := value_finding(v):
+                    yield f"{path}[{i}]", why
             else:
                 yield from scan(v, f"{path}[{i}]", trust)

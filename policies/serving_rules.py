@@ -38,7 +38,13 @@ from policies.preview import Undecided
 from policies.scope import ClusterScope, gpu_models_for_pod
 
 K8S_DEFAULT_TGPS = 30
+MIN_DRAIN_AFTER_PRESTOP_S = 1
+"""The least a grace must leave after the preStop's budget: one second of vLLM's SIGTERM drain."""
 PRESTOP_ENV = "PRESTOP_TIMEOUT_S"
+NO_PDB_ANNOTATION = "gpuinfra.io/no-pdb-reason"
+"""components/serving/objects.py: a serving Deployment whose pool's drainer would wait on a PDB
+forever (Karpenter without terminationGracePeriod, a spot reclaim drained by a tool that never
+deletes past a PDB) carries no PDB and says why here."""
 """The env var the preStop drain hook (runtime/) reads its budget from."""
 
 # ---- kubernetes-serving-deployment-termination-grace -----------------------------------------
@@ -80,13 +86,24 @@ def termination_grace_problems(props: Mapping[str, Any], container: Mapping[str,
         )
     elif shutdown is None:
         problems.append(f"--shutdown-timeout {raw_shutdown!r} is not a whole number of seconds")
+    elif shutdown < 1:
+        problems.append(
+            f"--shutdown-timeout {shutdown} is vLLM's abort mode: every request in flight at SIGTERM is "
+            f"cut at once (vllm v1/engine/core.py EngineCore._handle_shutdown); pass the longest "
+            f"request's seconds (drain mode; an idle vLLM still exits at once)"
+        )
     if tgps is None:
         problems.append(f"terminationGracePeriodSeconds {raw_tgps!r} is not a whole number")
-    elif prestop is not None and shutdown is not None and tgps < prestop + shutdown:
+    elif prestop is not None and tgps < prestop + MIN_DRAIN_AFTER_PRESTOP_S:
+        # Not prestop + shutdown: vLLM's drain timeout is a bound, not a wait (an idle engine exits
+        # at once), and on a spot pool the grace is the notice's window, which a preStop at its own
+        # bound leaves shorter than one more request; the kubelet's kill at the end of the grace
+        # cuts nothing that a shorter timeout (abort) would not have cut sooner.
+        need = prestop + MIN_DRAIN_AFTER_PRESTOP_S
         problems.append(
-            f"terminationGracePeriodSeconds {tgps} < preStop budget {prestop} + --shutdown-timeout "
-            f"{shutdown} = {prestop + shutdown}; raise it to at least {prestop + shutdown} or the "
-            f"kubelet kills in-flight streams"
+            f"terminationGracePeriodSeconds {tgps} < preStop budget {prestop} + "
+            f"{MIN_DRAIN_AFTER_PRESTOP_S} = {need}; raise it to at least {need} or the kubelet cuts "
+            f"the drain itself"
         )
     return problems
 
@@ -212,6 +229,8 @@ def _check_pdb(dep: PolicyResource, pdbs: list[PolicyResource], scope: ClusterSc
             and dig(p.props, "spec", "selector") is not None
             and selector_matches(as_map(dig(p.props, "spec", "selector")), labels)
         ]
+        if not covering and str(as_map(dig(dep.props, "metadata", "annotations")).get(NO_PDB_ANNOTATION) or "").strip():
+            return  # rendered without one on purpose: its drainer would wait on it forever (the reason says why)
         if not covering:
             report_violation(
                 f"serving Deployment '{dep.name}' has no PodDisruptionBudget selecting its pods in "

@@ -12,9 +12,12 @@ in the same pod. The sequence (numbers from components/serving/budget.py):
   1. write the drain flag: the sidecar's `/ready` turns 503 at once, the pod leaves the Service
      endpoints and gets no new requests;
   2. wait `settle` seconds for that to reach every proxy, then until vLLM reports
-     `vllm:num_requests_running + vllm:num_requests_waiting == 0` in `IDLE_SAMPLES` consecutive
-     scrapes (a failed scrape is never idle), bounded by the budget;
-  3. return: the kubelet sends SIGTERM and vLLM's `--shutdown-timeout` finishes anything left.
+     `vllm:num_requests_running + vllm:num_requests_waiting == 0` and the pod's kernel holds no
+     byte for a client of vLLM's port (`unsent_bytes`) in `IDLE_SAMPLES` consecutive samples (a
+     failed scrape is never idle), bounded by the budget. Meanwhile vLLM answers with
+     `Connection: close` (drain_middleware.py), so pooled keep-alive clients leave;
+  3. return: the kubelet sends SIGTERM and vLLM's `--shutdown-timeout` (drain mode, never 0)
+     finishes anything left.
 
 The flag belongs to one vLLM process. It records when it was written; the sidecar reads the start
 time of the vLLM process it scrapes (`process_start_time_seconds`), and a vLLM that started after
@@ -39,6 +42,7 @@ import os
 import sys
 import threading
 import time
+import urllib.parse
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Optional
@@ -60,6 +64,8 @@ in seconds since the epoch (one API server: vllm/v1/metrics/prometheus.py uses t
 registry, which holds the process collector)."""
 RESTART_SLACK_S = 1.0
 """The start time comes from /proc ticks and the boot time in whole seconds."""
+TCP_LISTEN = "0A"
+"""`st` of a listening socket in /proc/net/tcp (include/net/tcp_states.h TCP_LISTEN = 10)."""
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 
 
@@ -76,6 +82,10 @@ class Settings:
     idle_samples: int
     classify_window_s: float
     api: Any  # disruption.Api, or None without POD_NAME/NODE_NAME
+
+    client_port: Optional[int] = None
+    """vLLM's port, whose sockets' send queues must be empty before the pod counts as drained;
+    None: not checked."""
 
     @staticmethod
     def from_env(env: Optional[dict[str, str]] = None, with_api: bool = True) -> "Settings":
@@ -99,9 +109,11 @@ class Settings:
                 node=e["NODE_NAME"],
                 deadline_s=timeout,
             )
+        metrics_url = e.get("VLLM_METRICS_URL", "http://127.0.0.1:8000/metrics")
+        port = e.get("CLIENT_PORT") or str(urllib.parse.urlsplit(metrics_url).port or 80)
         return Settings(
             flag_path=e.get("DRAIN_FLAG", "/run/gpuinfra/draining"),
-            metrics_url=e.get("VLLM_METRICS_URL", "http://127.0.0.1:8000/metrics"),
+            metrics_url=metrics_url,
             ready_addr=e.get("READY_ADDR", "0.0.0.0"),
             ready_port=int(e.get("READY_PORT", "8090")),
             poll_interval_s=float(e.get("POLL_INTERVAL_S", "1")),
@@ -111,6 +123,7 @@ class Settings:
             idle_samples=max(1, int(e.get("IDLE_SAMPLES", "3"))),
             classify_window_s=float(e.get("CLASSIFY_WINDOW_S", "30")),
             api=api,
+            client_port=None if port == "0" else int(port),
         )
 
 
@@ -200,12 +213,76 @@ def scrape_queue(url: str, timeout: float) -> Optional[float]:
     return None if load is None else load.held
 
 
+# --------------------------------------------------------------------------------------------
+# Bytes still on their way to clients: the pod's TCP send queues
+# --------------------------------------------------------------------------------------------
+
+
+def parse_unsent(text: str, port: int) -> Optional[int]:
+    """The bytes written but not yet acknowledged by the peer (`tx_queue`) on every non-listening
+    TCP socket whose local port is `port`, from /proc/net/tcp or tcp6 text; None if malformed.
+
+    Kernel: net/ipv4/tcp_ipv4.c `get_tcp4_sock` (tcp6: net/ipv6/tcp_ipv6.c `get_tcp6_sock`) prints
+    `tx_queue` = `write_seq - snd_una`; a socket its process closed with data left (FIN_WAIT1) is
+    still listed and still counts. Once a byte is acknowledged it is in the client's kernel and
+    outlives this pod's network namespace; before, it goes when the kubelet tears it down after
+    the last container exits. vLLM's own buffered writes count too: asyncio buffers in user space
+    only while the kernel's queue is full (non-zero)."""
+    total = 0
+    for line in text.splitlines()[1:]:
+        f = line.split()
+        if len(f) < 5:
+            continue
+        try:
+            local_port = int(f[1].rsplit(":", 1)[1], 16)
+            tx = int(f[4].split(":", 1)[0], 16)
+        except (IndexError, ValueError):
+            return None
+        if local_port == port and f[3] != TCP_LISTEN:
+            total += tx
+    return total
+
+
+def unsent_bytes(port: int, proc_net: str = "/proc/net") -> Optional[int]:
+    """`parse_unsent` over this network namespace's IPv4 and IPv6 sockets (the preStop runs in the
+    vLLM container, so: the pod's). None if /proc/net/tcp cannot be read; no tcp6 file is no IPv6."""
+    total = 0
+    for name, required in (("tcp", True), ("tcp6", False)):
+        try:
+            with open(os.path.join(proc_net, name), encoding="ascii") as f:
+                n = parse_unsent(f.read(), port)
+        except FileNotFoundError:
+            if required:
+                return None
+            continue
+        except OSError:
+            return None
+        if n is None:
+            return None
+        total += n
+    return total
+
+
+def process_start_time(pid: str = "self", proc: str = "/proc") -> Optional[float]:
+    """When process `pid` started, in seconds since the epoch, as prometheus_client's process
+    collector computes `process_start_time_seconds` (starttime ticks / SC_CLK_TCK + btime)."""
+    try:
+        with open(os.path.join(proc, pid, "stat"), "rb") as f:
+            parts = f.read().split(b")")[-1].split()
+        with open(os.path.join(proc, "stat"), "rb") as f:
+            btime = next(float(l.split()[1]) for l in f if l.startswith(b"btime "))
+        return float(parts[19]) / os.sysconf("SC_CLK_TCK") + btime
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+
+
 def wait_drained(s: Settings, budget_s: float, stop: Optional[threading.Event] = None,
-                 clock: Callable[[], float] = time.monotonic) -> str:
-    """Wait out the settle window, then for vLLM to hold no requests in `idle_samples`
-    consecutive scrapes (one empty sample can fall between a request's admission and its
-    scheduling; a failed scrape resets the count). Returns 'drained', 'gone', 'timeout' or
-    'stopped'."""
+                 clock: Callable[[], float] = time.monotonic,
+                 unsent: Callable[[int], Optional[int]] = unsent_bytes) -> str:
+    """Wait out the settle window, then for vLLM to hold no requests and the pod's kernel no byte
+    for its clients (`s.client_port`'s send queues) in `idle_samples` consecutive samples (one
+    empty sample can fall between a request's admission and its scheduling; a failed scrape or an
+    unreadable queue resets the count). Returns 'drained', 'gone', 'timeout' or 'stopped'."""
     stop = stop or threading.Event()
     deadline = clock() + budget_s
     settle_until = clock() + min(s.settle_s, budget_s)
@@ -222,7 +299,8 @@ def wait_drained(s: Settings, budget_s: float, stop: Optional[threading.Event] =
                 held, refused = None, refused + 1
                 if refused >= 3:
                     return "gone"  # vLLM is not listening: nothing can be in flight
-            idle = idle + 1 if held == 0 else 0
+            quiet = held == 0 and (s.client_port is None or unsent(s.client_port) == 0)
+            idle = idle + 1 if quiet else 0
             if idle >= s.idle_samples:
                 return "drained"
         wait = min(max(s.poll_interval_s, 0.05), max(deadline - clock(), 0))

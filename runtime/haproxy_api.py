@@ -3,8 +3,11 @@
 that move one to the other without cutting a stream.
 
 Lifecycle of one server (management guide 2.6, "add server", "del server"):
-  add server <be>/<pod> <addr>:<port> id <id> weight 100 maxconn <n> agent-check ...
-  enable agent, enable server            (a dynamic server starts in MAINT)
+  add server <be>/<pod> <addr>:<port> id <id> weight 100 maxconn <share> agent-check
+      agent-send share=<slot>/<count>. check port <agent port> ...
+  [set weight <be>/<pod> 0]              (this router's share of the replica is 0 slots)
+  enable health, enable agent, enable server   (a dynamic server starts in MAINT)
+  ... the routers come and go: set server <be>/<pod> agent-send ..., set maxconn server ...
   ... the pod leaves the EndpointSlice (or turns not ready / terminating) ...
   set server <be>/<pod> state drain     (no new requests; open streams continue)
   ... 0 current sessions (or the longest request's timeout) ...
@@ -32,6 +35,18 @@ ADMF_MAINT = 0x01 | 0x02 | 0x04 | 0x20 | 0x40
 ADMF_DRAIN = 0x08 | 0x10
 """`srv_admin_state` bits (include/haproxy/server-t.h, 2.6): forced/inherited/config/resolution/
 health maintenance, forced/inherited drain."""
+HEALTH_INTER_MS = 400
+HEALTH_FALL = 2
+"""The health check asks the replica's sidecar (its agent port) every 400 ms; two failures in a
+row (refused, or no `up`/`drain` line within `timeout check`, haproxy_cfg.CHECK_TIMEOUT_MS) mark
+the server DOWN: a dead, hung or too slow sidecar is out within 2 x (400 + 400) ms = 1.6 s. An
+agent that cannot be reached changes nothing by itself (configuration manual, "agent-check":
+"Failure to connect to the agent is not considered an error")."""
+SYNCED_KEY = "_synced"
+"""The capacity map's sentinel (not a model name: those are DNS labels): 0 in the file HAProxy
+loads at start, 1 once the controller has synced this HAProxy process. HAProxy's own readiness
+(`monitor fail`, haproxy_cfg) and the controller's /ready read it, so a restarted HAProxy, whose
+servers and capacities are gone, is not Ready until they are back."""
 
 
 @dataclass(frozen=True)
@@ -46,6 +61,58 @@ class BackendSpec:
     every router."""
     capacity: bool = False
     """A route's own backend: the controller keeps its capacity in the frontend's map."""
+
+
+@dataclass(frozen=True)
+class Share:
+    """One (router, backend) pair's place among all the pairs that send to a Service's replicas:
+    every router (R) times every backend fed by that Service on each router (B). The agent's
+    `maxconn:` is `split(slots, share)` (runtime/agent_check.py), which sums to the slots."""
+
+    slot: int = 0
+    count: int = 1
+
+    def token(self) -> str:
+        """The `agent-send` string: one runtime-API argument (no space, no ';', no newline)."""
+        return f"share={self.slot}/{self.count}."
+
+    def slots(self, capacity: int) -> int:
+        """The same split as the agent's (agent_check.split)."""
+        return capacity // self.count + (1 if self.slot < capacity % self.count else 0)
+
+
+def routers_of(slices: Iterable[dict[str, Any]], service: Optional[str]) -> list[str]:
+    """Every router pod in the router Service's EndpointSlices, ready or not, terminating or not:
+    a router counts from the moment its pod has an address (before it can be Ready) until its pod
+    is gone (while it still finishes streams), so a share is lowered before a new router takes
+    requests and raised only after a departed one has stopped."""
+    names = set()
+    for s in slices:
+        if service is None or ((s.get("metadata") or {}).get("labels") or {}).get(SERVICE_NAME_LABEL) != service:
+            continue
+        for ep in s.get("endpoints") or []:
+            ref = ep.get("targetRef") or {}
+            for addr in (ep.get("addresses") or [])[:1]:
+                names.add(ref.get("name") or addr)
+    return sorted(names)
+
+
+def shares(backends: list[BackendSpec], routers: list[str], me: str) -> dict[str, Share]:
+    """This router's base place for each backend: routers sorted by pod name (this one counted
+    even before its own endpoint is listed), then the backends a Service feeds, by name."""
+    everyone = sorted(set(routers) | {me})
+    i = everyone.index(me)
+    out = {}
+    for b in backends:
+        fed = sorted(x.name for x in backends if x.service == b.service)
+        out[b.name] = Share(i * len(fed) + fed.index(b.name), len(everyone) * len(fed))
+    return out
+
+
+def server_share(base: Share, server: str) -> Share:
+    """Rotated by the server's name, the same on every router: a bijection of the places, so the
+    shares still add up, while the remainder slots fall to different routers for different replicas."""
+    return Share((base.slot + stable_id(server)) % base.count, base.count)
 
 
 @dataclass(frozen=True, order=True)
@@ -210,11 +277,22 @@ def have(api: RuntimeApi, backend: str) -> dict[str, Have]:
     }
 
 
-def add_command(b: BackendSpec, w: Want, agent_inter_ms: int) -> str:
+def add_command(b: BackendSpec, w: Want, agent_inter_ms: int, share: Share = Share()) -> str:
+    """`maxconn` is this router's share (at least 1: 0 is unlimited), before the agent's first reply."""
     host = f"[{w.address}]" if ":" in w.address else w.address
-    return (f"add server {b.name}/{w.name} {host}:{w.port} id {w.id} weight {WEIGHT} maxconn {b.maxconn} "
-            f"check inter 1s fall 2 rise 1 agent-check agent-port {b.agent_port} agent-inter {agent_inter_ms}ms "
-            "pool-purge-delay 1s")
+    return (f"add server {b.name}/{w.name} {host}:{w.port} id {w.id} weight {WEIGHT} "
+            f"maxconn {max(1, share.slots(b.maxconn))} check port {b.agent_port} inter {HEALTH_INTER_MS}ms "
+            f"fall {HEALTH_FALL} rise 1 agent-check agent-port {b.agent_port} agent-inter {agent_inter_ms}ms "
+            f"agent-send {share.token()} pool-purge-delay 1s")
+
+
+def apply_share(api: RuntimeApi, b: BackendSpec, name: str, share: Share) -> None:
+    """A new share at once (the agent's next reply confirms it): the lower limit, and weight 0 for
+    a share of no slots. A share that grows back leaves the weight to the agent's next reply."""
+    api(f"set server {b.name}/{name} agent-send {share.token()}")
+    api(f"set maxconn server {b.name}/{name} {max(1, share.slots(b.maxconn))}")
+    if share.slots(b.maxconn) == 0:
+        api(f"set weight {b.name}/{name} 0")
 
 
 @dataclass
@@ -235,20 +313,30 @@ def check(out: str, command: str, ok: tuple[str, ...] = ("",)) -> str:
 
 
 def reconcile(api: RuntimeApi, b: BackendSpec, want: dict[str, Want], removing: dict[str, float], now: float,
-              removal_timeout_s: float, agent_inter_ms: int, caps_map: Optional[str] = None) -> Step:
+              removal_timeout_s: float, agent_inter_ms: int, caps_map: Optional[str] = None,
+              base: Share = Share(), sent: Optional[dict[str, Share]] = None) -> Step:
     """One pass: add what is missing, drain what left, delete what drained. `removing` (name ->
     drain start) is the caller's memory of the servers this controller put in DRAIN, so a drain
-    the agent set (the pod's own) is never undone and a returning endpoint is restored."""
+    the agent set (the pod's own) is never undone and a returning endpoint is restored. `base` is
+    this router's place for `b` (`shares`); `sent` (name -> share) the caller's memory of what each
+    server was last given, so a change of routers reaches every server once (None: shares are set
+    only when a server is added)."""
     cur = have(api, b.name)
     step = Step([], [], [], [], 0)
+    track = sent is not None
+    sent = {} if sent is None else sent
     taken = {h.id for h in cur.values()}
     for name, w in want.items():
         h = cur.get(name)
+        share = server_share(base, name)
         if h is None:
             while w.id in taken:  # a departing server still holds this id (a crc32 collision)
                 w = Want(w.name, w.id + 1, w.address, w.port, w.local)
             taken.add(w.id)
-            check(api(add_command(b, w, agent_inter_ms)), "add server", ("New server registered",))
+            check(api(add_command(b, w, agent_inter_ms, share)), "add server", ("New server registered",))
+            if share.slots(b.maxconn) == 0:
+                api(f"set weight {b.name}/{name} 0")
+            sent[name] = share
             api(f"enable health {b.name}/{name}")
             api(f"enable agent {b.name}/{name}")
             api(f"enable server {b.name}/{name}")
@@ -260,6 +348,11 @@ def reconcile(api: RuntimeApi, b: BackendSpec, want: dict[str, Want], removing: 
             step.restored.append(name)
         elif (h.address, h.port) != (w.address, w.port):
             api(f"set server {b.name}/{name} addr {w.address} port {w.port}")
+        if track and h is not None and sent.get(name) != share:
+            apply_share(api, b, name, share)
+            sent[name] = share
+    for name in [n for n in sent if n not in want]:
+        sent.pop(name)  # leaving: its share no longer matters (it takes nothing new)
     for name, h in cur.items():
         if name in want:
             continue
@@ -288,3 +381,13 @@ def reconcile(api: RuntimeApi, b: BackendSpec, want: dict[str, Want], removing: 
     if caps_map and b.capacity:
         api(f"set map {caps_map} {b.name} {step.capacity}")
     return step
+
+
+def synced(api: RuntimeApi, caps_map: str) -> bool:
+    """Whether this HAProxy process has been synced (SYNCED_KEY is 1): `get map` answers
+    `... key="_synced", value="1" ...` (management guide 2.6, "get map")."""
+    return 'value="1"' in api(f"get map {caps_map} {SYNCED_KEY}")
+
+
+def mark_synced(api: RuntimeApi, caps_map: str) -> None:
+    check(api(f"set map {caps_map} {SYNCED_KEY} 1"), "set map")

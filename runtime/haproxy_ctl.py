@@ -6,9 +6,12 @@ A native sidecar beside HAProxy in the router pod:
      `kubernetes` client (resource versions, bookmarks, a fresh list after a 410 or any error);
   2. every `sync_s` (and at once after a change) reconcile each backend against HAProxy's own
      state (`show servers state`): add the new replicas, drain and delete the departed ones
-     (runtime/haproxy_api.py), keep the frontend's capacity map at the usable servers' slots;
-  3. serve /metrics (prometheus_client), /healthz, and /ready once the first sync reached HAProxy
-     (HAProxy's readinessProbe points here, so no client is sent to an empty router).
+     (runtime/haproxy_api.py), keep the frontend's capacity map at the usable servers' slots, and
+     give every server this router's share of the replica's slots from the live router count
+     (the router Service's EndpointSlices), so all routers together never exceed a replica's slots;
+  3. serve /metrics (prometheus_client), /healthz, and /ready once a sync reached the running
+     HAProxy: a HAProxy that restarted (its capacity map's `_synced` is back to 0) makes /ready
+     fail until it is synced again, and HAProxy's own readiness reads the same flag.
 It exits within a second of SIGTERM: the watch runs in a daemon thread and the main loop waits on
 an event, never on a socket.
 
@@ -44,6 +47,8 @@ log = logging.getLogger("gpuinfra.router")
 class Settings:
     namespace: str
     node_name: str
+    pod_name: str
+    """This router's pod (its place among the routers)."""
     routes_path: str
     socket: str
     metrics_addr: str
@@ -59,6 +64,7 @@ class Settings:
         return cls(
             namespace=env["ROUTER_NAMESPACE"],
             node_name=env["NODE_NAME"],
+            pod_name=env.get("POD_NAME") or env["NODE_NAME"],
             routes_path=env.get("ROUTER_ROUTES", "/etc/router/routes.json"),
             socket=env.get("ROUTER_SOCKET", "/run/router/haproxy.sock"),
             metrics_addr=env.get("ROUTER_METRICS_ADDR", "0.0.0.0"),
@@ -76,11 +82,13 @@ class Routes:
     agent_inter_ms: int
     removal_timeout_s: float
     caps_map: str
+    router_service: Optional[str] = None
+    """The Service whose EndpointSlices list every router (None: this router is the only one)."""
 
     @staticmethod
     def load(doc: dict[str, Any]) -> "Routes":
         return Routes([hx.BackendSpec(**b) for b in doc["backends"]], int(doc["agent_inter_ms"]),
-                      float(doc["removal_timeout_s"]), doc["caps_map"])
+                      float(doc["removal_timeout_s"]), doc["caps_map"], doc.get("router_service"))
 
 
 class SliceState:
@@ -119,6 +127,8 @@ class Metrics:
         r = self.registry
         self.servers = Gauge("gpuinfra_router_servers", "Servers the controller wants in each backend, by locality.",
                              ["backend", "locality"], registry=r)
+        self.routers = Gauge("gpuinfra_router_peers", "Routers sharing each replica's slots (this one included).",
+                             registry=r)
         self.capacity = Gauge("gpuinfra_router_capacity", "Request slots of a route's usable servers (the capacity map).",
                               ["backend"], registry=r)
         self.changes = Counter("gpuinfra_router_server_changes", "Runtime API server changes, by action.",
@@ -178,17 +188,27 @@ class Controller:
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.s, self.routes, self.api, self.state, self.metrics, self.clock = s, routes, api, state, metrics, clock
         self.removing: dict[str, dict[str, float]] = {b.name: {} for b in routes.backends}
+        self.sent: dict[str, dict[str, hx.Share]] = {b.name: {} for b in routes.backends}
         self.ready = threading.Event()
         self.passes = 0
         """Successful reconcile passes (the tests wait on it)."""
 
     def sync(self) -> list[hx.Step]:
         slices = self.state.snapshot()
+        if not hx.synced(self.api, self.routes.caps_map):
+            # A HAProxy we have not synced (it started, or restarted and lost every server): not
+            # Ready until it has its servers, shares and capacities again.
+            self.ready.clear()
+            for memory in self.sent.values():
+                memory.clear()
+        routers = hx.routers_of(slices, self.routes.router_service)
+        base = hx.shares(self.routes.backends, routers, self.s.pod_name)
+        self.metrics.routers.set(len(set(routers) | {self.s.pod_name}))
         steps = []
         for b in self.routes.backends:
             want = hx.wanted(b, hx.endpoints_of(slices, b.service, b.port_name), self.s.node_name)
             step = hx.reconcile(self.api, b, want, self.removing[b.name], self.clock(), self.routes.removal_timeout_s,
-                                self.routes.agent_inter_ms, self.routes.caps_map)
+                                self.routes.agent_inter_ms, self.routes.caps_map, base[b.name], self.sent[b.name])
             local = sum(w.local for w in want.values())
             self.metrics.servers.labels(b.name, "local").set(local)
             self.metrics.servers.labels(b.name, "remote").set(len(want) - local)
@@ -200,6 +220,7 @@ class Controller:
                     self.metrics.changes.labels(b.name, action).inc(n)
                     log.info("%s %s: %s", b.name, action, ", ".join(getattr(step, action)))
             steps.append(step)
+        hx.mark_synced(self.api, self.routes.caps_map)
         return steps
 
     def run(self, stop: threading.Event) -> None:
@@ -250,7 +271,7 @@ def start(s: Settings, routes: Routes, stop: threading.Event,
     """Everything but the main loop: the watch thread and the HTTP server."""
     metrics, state = Metrics(), SliceState()
     ctl = Controller(s, routes, hx.RuntimeApi(s.socket), state, metrics)
-    services = [b.service for b in routes.backends]
+    services = [b.service for b in routes.backends] + ([routes.router_service] if routes.router_service else [])
     threading.Thread(target=watch_loop, args=(s, services, state, metrics, stop, api_factory),
                      daemon=True, name="watch").start()
     ctl.http = serve_http(s, metrics, ctl.ready)  # type: ignore[attr-defined]

@@ -81,7 +81,7 @@ def probe_host(kind: str) -> dict:
 
 VLLM = container(name="vllm", image="vllm/vllm-openai:v0.33.0", securityContext={
     "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}})
-CACHE = [{"name": "cache", "hostPath": {"path": "/mnt/models"}}]
+CACHE = [{"name": "cache", "hostPath": {"path": "/var/lib/gpuinfra/models"}}]
 PSS = "kubernetes-workload-pod-security-standards"
 
 PSS_CASES = [
@@ -308,7 +308,8 @@ OTHER_CASES = [
     ("karpenter-nodepool-gpu-limit", "same", "a GPU family the catalog lacks", [nodepool(req("instance-family", "g4dn", "gr6"))], "spec.limits"),
     ("karpenter-nodepool-gpu-limit", "same", "GPU memory without a limit", [nodepool({"key": "karpenter.k8s.aws/instance-gpu-memory", "operator": "Gt", "values": ["20000"]})], "spec.limits"),
     ("karpenter-nodepool-gpu-limit", "ok", "CPU categories", [nodepool(req("instance-category", "c", "m"))], None),
-    ("karpenter-nodepool-gpu-limit", "missing", "no spec", [(common.NODEPOOL, {})], None),
+    # no requirement keeps GPU instance types out: Karpenter may launch one for a GPU pod (issue 38)
+    ("karpenter-nodepool-gpu-limit", "missing", "no spec", [(common.NODEPOOL, {})], "keeps GPU instance types out"),
 ]
 
 IMAGE = "kubernetes-workload-image-pinned"

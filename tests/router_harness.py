@@ -35,6 +35,12 @@ needs_haproxy = pytest.mark.skipif(
 UPSTREAM_SCRIPT = Path(__file__).with_name("router_upstream.py")
 NODE = "node-a"
 AGENT_INTER_MS = 200
+REMOVAL_TIMEOUT_S = 60.0
+"""How long a drained server's streams may run before the controller ends them (in a pod: the
+longest drain.max_request_s + 5 s). Far above any stand-in stream, so a loaded machine that slows
+the streams down never reaches it (a 5 s bound cut 3 s streams that took longer under load)."""
+ROUTER_SERVICE = "gpuinfra-router"
+"""The router Service whose EndpointSlices list every router (components/router/specs.py APP_NAME)."""
 
 
 def free_port() -> int:
@@ -75,17 +81,43 @@ class Replica:
 
 
 def start_replica(tmp: Path, name: str, node: str, mode: str = "ok", tokens: int = 5, delay: float = 0.05,
-                  max_num_seqs: int = 4, *extra: str) -> Replica:
-    port, agent = free_port(), free_port()
+                  max_num_seqs: int = 4, *extra: str, own_agent: bool = True) -> Replica:
+    """Returns once the stand-in says `ready`: it serves, and its agent has read its metrics (an
+    agent without a fresh read answers weight 0, which would send the first requests elsewhere).
+    `own_agent=False`: no agent inside (a real sidecar process answers instead, `start_sidecar`)."""
+    port, agent = free_port(), (free_port() if own_agent else 0)
     proc = subprocess.Popen(
         [sys.executable, str(UPSTREAM_SCRIPT), "--port", str(port), "--name", name, "--journal", str(tmp / "journal.jsonl"),
          "--mode", mode, "--tokens", str(tokens), "--token-delay", str(delay), "--agent-port", str(agent),
          "--max-num-seqs", str(max_num_seqs), *extra],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
+    line = proc.stdout.readline()  # blocks until `ready` or the process ends
+    assert line.startswith("ready"), f"stand-in {name} did not start: {line!r} {proc.stderr.read() if proc.poll() is not None else ''}"
     wait_port(port)
-    wait_port(agent)
+    if agent:
+        wait_port(agent)
     return Replica(name, port, node, proc, agent)
+
+
+def start_sidecar(tmp: Path, r: Replica, max_num_seqs: int, agent_port: int = 0) -> subprocess.Popen:
+    """The real drain sidecar (runtime/sidecar.py) as its own process, answering the agent and the
+    health check for `r` from its /metrics; `r.agent_port` becomes its port."""
+    port = agent_port or free_port()
+    env = {**os.environ, "AGENT_PORT": str(port), "AGENT_ADDR": "127.0.0.1", "AGENT_MAX_NUM_SEQS": str(max_num_seqs),
+           "AGENT_POLL_S": "0.05", "VLLM_METRICS_URL": f"http://127.0.0.1:{r.port}/metrics",
+           "DRAIN_FLAG": str(tmp / f"{r.name}.draining"), "READY_ADDR": "127.0.0.1", "READY_PORT": str(free_port()),
+           "POLL_INTERVAL_S": "0.2"}
+    proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve().parents[1] / "runtime" / "sidecar.py")],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_port(port, 20)
+    r.agent_port = port
+    return proc
+
+
+def agent_replies(r: Replica) -> int:
+    with urllib.request.urlopen(f"http://127.0.0.1:{r.port}/agent-replies", timeout=10) as resp:
+        return json.loads(resp.read())["replies"]
 
 
 def slice_of(service: str, r: Replica) -> dict[str, Any]:
@@ -100,6 +132,16 @@ def slice_of(service: str, r: Replica) -> dict[str, Any]:
 
 def slices_for(tiers: dict[str, list[Replica]]) -> list[dict[str, Any]]:
     return [slice_of(service, r) for service, reps in tiers.items() for r in reps]
+
+
+def router_slice(names: list[str]) -> dict[str, Any]:
+    """The router Service's EndpointSlice: one endpoint per router pod (any condition counts)."""
+    return {
+        "metadata": {"name": f"{ROUTER_SERVICE}-x", "labels": {hx.SERVICE_NAME_LABEL: ROUTER_SERVICE}},
+        "addressType": "IPv4", "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
+        "endpoints": [{"addresses": [f"10.0.0.{i + 1}"], "nodeName": f"node-{n}", "conditions": {"ready": True},
+                       "targetRef": {"kind": "Pod", "name": n, "uid": f"uid-{n}"}} for i, n in enumerate(names)],
+    }
 
 
 def backend_specs(routes: list[Route], caps: dict[str, int], agent_ports: dict[str, int]) -> list[Any]:
@@ -125,7 +167,7 @@ class PerServerAgentApi(hx.RuntimeApi):
             name = command.split()[2].split("/", 1)[1]
             port = self.agent_ports.get(name)
             if port:
-                command = command.replace(" agent-port 0 ", f" agent-port {port} ")
+                command = command.replace(" agent-port 0 ", f" agent-port {port} ").replace(" port 0 ", f" port {port} ")
         return super().__call__(command)
 
 
@@ -138,18 +180,66 @@ class Router:
     ctl: Any
     state: Any
     replicas: dict[str, int]
+    peers: list[str] = field(default_factory=list)
+    """Every router pod the router Service lists (this one included)."""
     stop: threading.Event = field(default_factory=threading.Event)
+    slices: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def publish(self, slices: list[dict[str, Any]], reps: Optional[list[Replica]] = None) -> None:
+    def publish(self, slices: list[dict[str, Any]], reps: Optional[list[Replica]] = None,
+                peers: Optional[list[str]] = None) -> None:
+        """New replica slices (and, with `peers`, a new router list); returns after two syncs."""
         for r in reps or []:
             self.replicas[r.name] = r.agent_port
+        if peers is not None:
+            self.peers = list(peers)
+        self.slices = list(slices)
         before = self.ctl.passes
-        self.state.reset(slices)
+        self.state.reset(self.slices + [router_slice(self.peers)])
         self.wait_sync(before)
+
+    def agents_answered(self, timeout: float = 30) -> None:
+        """Wait until every server has an agent reply and a health check result (state, not time)."""
+        end = time.monotonic() + timeout
+        while True:
+            rows = self.stat_rows()
+            if rows and all(r.get("agent_status", "INI") not in ("", "INI") and r.get("check_status", "INI") not in ("", "INI")
+                            for r in rows):
+                return
+            assert time.monotonic() < end, f"agents never answered: {rows}"
+            time.sleep(0.02)
+
+    def status(self, backend: str, server: str) -> str:
+        """The server's status as HAProxy shows it (UP, DOWN, DRAIN, MAINT, ...)."""
+        return next((r["status"] for r in self.stat_rows() if r["pxname"] == backend and r["svname"] == server), "")
+
+    def pause_controller(self) -> None:
+        """Stop the controller's sync loop (its state and HAProxy stay as they are)."""
+        self.stop.set()
+        self.state.changed.set()
+
+    def resume_controller(self) -> None:
+        self.stop = threading.Event()
+        threading.Thread(target=self.ctl.run, args=(self.stop,), daemon=True).start()
+
+    def restart_haproxy(self) -> None:
+        """HAProxy dies and its container restarts: a new process on the same file, without the
+        servers, shares and capacities the runtime API gave the old one."""
+        self.proc.kill()
+        self.proc.wait()
+        os.unlink(self.settings.socket_path)  # type: ignore[attr-defined]
+        self.proc = start_haproxy(self.conf, self.settings.socket_path, self.port, self.dir / "haproxy.log")  # type: ignore[attr-defined]
+
+    def stat_rows(self) -> list[dict[str, str]]:
+        """`show stat` rows of every server."""
+        lines = self.cli("show stat").splitlines()
+        cols = lines[0][2:].split(",") if lines and lines[0].startswith("# ") else []
+        rows = [dict(zip(cols, ln.split(","))) for ln in lines[1:] if ln]
+        return [r for r in rows if r.get("svname") not in ("FRONTEND", "BACKEND", None) and r.get("pxname", "").strip()
+                and not r["pxname"].startswith(("demand-", "metrics", "router"))]
 
     def wait_sync(self, before: Optional[int] = None, timeout: float = 10) -> None:
         before = self.ctl.passes if before is None else before
@@ -176,11 +266,13 @@ class Router:
                 self.proc.wait()
 
 
-def render(tmp: Path, routes: list[Route], threads: int = 2, timeout_s: int = 30) -> tuple[Path, haproxy_cfg.Settings]:
+def render(tmp: Path, routes: list[Route], threads: int = 2, timeout_s: int = 30, **settings: Any
+           ) -> tuple[Path, haproxy_cfg.Settings]:
+    """`settings`: further haproxy_cfg.Settings fields (bufsize, empty_economy, ...)."""
     s = haproxy_cfg.Settings(
         port=free_port(), metrics_port=free_port(), socket_path=str(tmp / "haproxy.sock"),
         caps_map_path=str(tmp / "caps.map"), threads=threads, maxconn=2000, timeout_s=timeout_s,
-        hard_stop_s=timeout_s + 5, listen_addr="127.0.0.1",
+        hard_stop_s=timeout_s + 5, listen_addr="127.0.0.1", **settings,
     )
     conf = tmp / "haproxy.cfg"
     conf.write_text(haproxy_cfg.render(routes, s))
@@ -192,10 +284,24 @@ def haproxy_check(conf: Path) -> subprocess.CompletedProcess:
     return subprocess.run([HAPROXY, "-c", "-f", str(conf)], capture_output=True, text=True, timeout=30)
 
 
+def start_haproxy(conf: Path, socket_path: str, port: int, log_path: Path) -> subprocess.Popen:
+    log = open(log_path, "a")
+    proc = subprocess.Popen([HAPROXY, "-f", str(conf), "-db"], stdout=log, stderr=subprocess.STDOUT)
+    log.close()
+    wait_port(port)
+    end = time.monotonic() + 10
+    while not os.path.exists(socket_path) and time.monotonic() < end:
+        time.sleep(0.02)
+    return proc
+
+
 def start_router(tmp: Path, routes: list[Route], slices: list[dict[str, Any]], replicas: list[Replica],
                  node: str = NODE, caps: Optional[dict[str, int]] = None, name: str = "r",
-                 agent_inter_ms: int = AGENT_INTER_MS, patch: Optional[Any] = None, **kw: Any) -> Router:
-    """`patch`: a function applied to the rendered haproxy.cfg text (the benchmark's baselines)."""
+                 agent_inter_ms: int = AGENT_INTER_MS, patch: Optional[Any] = None,
+                 peers: Optional[list[str]] = None, **kw: Any) -> Router:
+    """`patch`: a function applied to the rendered haproxy.cfg text (the benchmark's baselines);
+    `peers`: every router pod the router Service lists (default: this one, `name`). Returns once
+    the controller synced and every server's agent and health check answered."""
     d = tmp / name
     d.mkdir(exist_ok=True)
     conf, s = render(d, routes, **kw)
@@ -203,24 +309,20 @@ def start_router(tmp: Path, routes: list[Route], slices: list[dict[str, Any]], r
         conf.write_text(patch(conf.read_text()))
     check = haproxy_check(conf)
     assert check.returncode == 0, check.stderr
-    log = open(d / "haproxy.log", "w")
-    proc = subprocess.Popen([HAPROXY, "-f", str(conf), "-db"], stdout=log, stderr=subprocess.STDOUT)
-    log.close()
-    wait_port(s.port)
-    end = time.monotonic() + 10
-    while not os.path.exists(s.socket_path) and time.monotonic() < end:
-        time.sleep(0.02)
-    settings = haproxy_ctl.Settings(namespace="t", node_name=node, routes_path="", socket=s.socket_path,
+    proc = start_haproxy(conf, s.socket_path, s.port, d / "haproxy.log")
+    settings = haproxy_ctl.Settings(namespace="t", node_name=node, pod_name=name, routes_path="", socket=s.socket_path,
                                     metrics_addr="127.0.0.1", metrics_port=0, api_host=None, sync_s=0.1,
                                     watch_timeout_s=5, retry_s=0.2)
-    table = haproxy_ctl.Routes(backend_specs(routes, caps or {}, {}), agent_inter_ms, 5.0, s.caps_map_path)
+    table = haproxy_ctl.Routes(backend_specs(routes, caps or {}, {}), agent_inter_ms, REMOVAL_TIMEOUT_S, s.caps_map_path,
+                               ROUTER_SERVICE)
     agent_ports = {r.name: r.agent_port for r in replicas}
     state, metrics = haproxy_ctl.SliceState(), haproxy_ctl.Metrics()
     ctl = haproxy_ctl.Controller(settings, table, PerServerAgentApi(s.socket_path, agent_ports), state, metrics)
-    router = Router(d, s.port, s.metrics_port, proc, ctl, state, agent_ports)
+    router = Router(d, s.port, s.metrics_port, proc, ctl, state, agent_ports, list(peers or [name]))
+    router.conf, router.settings = conf, s  # type: ignore[attr-defined]
     threading.Thread(target=ctl.run, args=(router.stop,), daemon=True).start()
     router.publish(slices)
-    time.sleep(2 * agent_inter_ms / 1000)  # the first agent replies
+    router.agents_answered()
     return router
 
 
@@ -349,3 +451,43 @@ def stop_replicas(replicas: list[Replica]) -> None:
         if r.proc is not None and r.proc.poll() is None:
             r.proc.kill()
             r.proc.wait()
+
+
+@dataclass
+class Raw:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+
+def post(base: str, path: str, body: bytes, timeout: float = 30) -> Raw:
+    """One POST through the router, whatever its status: its status, headers and body."""
+    host, port = base.removeprefix("http://").rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=timeout)
+    try:
+        conn.request("POST", path, body, {"Content-Type": "application/json"})
+        r = conn.getresponse()
+        return Raw(r.status, {k.lower(): v for k, v in r.getheaders()}, r.read())
+    finally:
+        conn.close()
+
+
+def completion_body(rid: str, prompt: str, max_tokens: int = 3) -> bytes:
+    return json.dumps({"model": "tiny", "prompt": prompt, "max_tokens": max_tokens, "stream": True,
+                       "user": rid}).encode()
+
+
+def router_metrics(r: Router) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{r.metrics_port}/metrics", timeout=10) as resp:
+        return resp.read().decode()
+
+
+def wait_for(pred: Any, what: str, timeout: float = 30, every: float = 0.02) -> Any:
+    """Poll `pred()` until it returns something true; that value. Fails after `timeout` with `what`."""
+    end = time.monotonic() + timeout
+    while True:
+        got = pred()
+        if got:
+            return got
+        assert time.monotonic() < end, f"timed out waiting for {what}"
+        time.sleep(every)

@@ -7,13 +7,17 @@
   flight, keeps `/health` and `/v1/models` at 200, and exits when the last stream ends;
 - `--mode 503` answers 503 to completions (a replica whose queue is full: it reports a waiting
   request, as vLLM does past `--max-num-queued-reqs`);
+- `--queue N` admits at most `--max-num-seqs` + N requests at once and answers the next 503 before
+  any byte, as vLLM does past `--max-num-queued-reqs` (engine.max_queued_requests; -1: no cap);
 - `--fail-first N` answers HTTP 500 to its first N completions (an engine error), then streams;
 - `--first-delay S` waits S seconds before the response headers (a slow prefill);
 - `/metrics` reports vLLM's `num_requests_running`/`num_requests_waiting`/`kv_cache_usage_perc`,
   `/node-metrics` the node eBPF agent's counters, and with `--agent-port` the real agent-check
   responder (runtime/agent_check.py) answers HAProxy from them; `POST /control` sets
-  `{"drain": true}` (the pod's drain flag), `{"pressure": true}` (node backpressure) or
-  `{"saturated": true}` (a waiting request: a full batch).
+  `{"drain": true}` (the pod's drain flag), `{"pressure": true}` (node backpressure),
+  `{"saturated": true}` (a waiting request: a full batch) or `{"load": n}` (n more running requests
+  reported than it serves); `GET /agent-replies` counts the agent's answers. It prints `ready` once
+  its agent has read its metrics.
 
 Each request it receives is appended to `--journal` (one JSON line: name, request id, outcome), so a
 test can prove where a request went and that it was never replayed.
@@ -50,10 +54,12 @@ def main() -> None:
     ap.add_argument("--max-num-seqs", type=int, default=4)
     ap.add_argument("--fail-first", type=int, default=0)
     ap.add_argument("--first-delay", type=float, default=0.0)
+    ap.add_argument("--queue", type=int, default=-1)
+    ap.add_argument("--agent-poll", type=float, default=0.05, help="the agent's read of /metrics (the sidecar's: 0.25)")
     a = ap.parse_args()
 
     state = {"draining": False, "inflight": 0, "agent_drain": False, "pressure": False, "failed": 0, "samples": 0, "bp": 0,
-             "saturated": False}
+             "saturated": False, "load": 0, "replies": 0}
     lock = threading.Lock()
     jlock = threading.Lock()
 
@@ -90,19 +96,24 @@ def main() -> None:
             self.wfile.write(body)
 
         def do_GET(self) -> None:
-            if self.path == "/metrics":
+            path = self.path.split("?", 1)[0]  # the agent asks for /metrics/?name[]=..., as vLLM routes it
+            path = "/metrics" if path == "/metrics/" else path
+            if path == "/metrics":
                 with lock:
-                    running = state["inflight"]
+                    running = state["inflight"] + state["load"]
                     waiting = 1 if a.mode == "503" or state["saturated"] else 0
                 return self._text(f"vllm:num_requests_running{{model_name=\"tiny\"}} {running}\n"
                                   f"vllm:num_requests_waiting{{model_name=\"tiny\"}} {waiting}\n"
                                   f"vllm:kv_cache_usage_perc{{model_name=\"tiny\"}} 0.0\n")
-            if self.path == "/node-metrics":
+            if path == "/node-metrics":
                 with lock:  # each scrape: 100 sends, all of them under backpressure while pressured
                     state["samples"] += 100
                     state["bp"] += 100 if state["pressure"] else 0
                     smp, bp = state["samples"], state["bp"]
                 return self._text(f"ebpf_tcp_send_samples_total {smp}\nebpf_tcp_send_backpressure_total {bp}\n")
+            if path == "/agent-replies":
+                with lock:
+                    return self._json(200, {"replies": state["replies"]})
             if self.path in ("/health", "/v1/models"):
                 self._json(200, {"object": "list", "data": [{"id": "tiny"}]} if self.path != "/health" else {})
             else:
@@ -116,6 +127,7 @@ def main() -> None:
                     state["agent_drain"] = bool(req.get("drain", state["agent_drain"]))
                     state["pressure"] = bool(req.get("pressure", state["pressure"]))
                     state["saturated"] = bool(req.get("saturated", state["saturated"]))
+                    state["load"] = int(req.get("load", state["load"]))
                 return self._json(200, {})
             rid = req.get("user", "")
             tokens = int(req.get("max_tokens") or a.tokens)
@@ -124,11 +136,15 @@ def main() -> None:
                 return self._json(404, {"error": "not found"})
             with lock:
                 draining = state["draining"]
-                if not draining:
+                full = a.queue >= 0 and state["inflight"] >= a.max_num_seqs + a.queue
+                if not draining and not full:
                     state["inflight"] += 1
             if draining:
                 journal({"id": rid, "outcome": "500-draining"})
                 return self._json(500, SHUTDOWN_ERROR)
+            if full:
+                journal({"id": rid, "outcome": "503-full", "max": state["inflight"] + 1})
+                return self._json(503, {"error": {"message": "queue full", "code": 503}})
             with lock:
                 fail = state["failed"] < a.fail_first
                 state["failed"] += fail
@@ -180,23 +196,37 @@ def main() -> None:
                     if state["inflight"] == 0:
                         break
                 time.sleep(0.02)
-            srv.shutdown()
+            done.set()
 
         threading.Thread(target=wait_and_exit, daemon=True).start()
 
+    done = threading.Event()
     signal.signal(signal.SIGTERM, on_term)
     if a.agent_port:
         base = f"http://{a.host}:{a.port}"
         t = agent_check.Thresholds(max_num_seqs=a.max_num_seqs, backpressure_ratio=0.5)
         s = agent_check.Settings(port=a.agent_port, addr=a.host, vllm_url=f"{base}/metrics",
-                                 node_url=f"{base}/node-metrics", thresholds=t, interval_s=0.05)
+                                 node_url=f"{base}/node-metrics", thresholds=t, interval_s=a.agent_poll)
         poller = agent_check.Poller(s.vllm_url, s.node_url, lambda: state["agent_drain"] or state["draining"],
                                     interval_s=s.interval_s, node_interval_s=0.1)
         stop = threading.Event()
         threading.Thread(target=poller.run, args=(stop,), daemon=True).start()
-        agent_check.serve(s.addr, s.port, lambda: agent_check.reply(poller.snapshot(), t), stop)
+
+        def answer(share: agent_check.Share) -> str:
+            line = agent_check.reply(poller.snapshot(), t, share)
+            with lock:
+                state["replies"] += 1
+            return line
+
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        while poller.snapshot().age_s > 1.0:  # its own /metrics, read once
+            time.sleep(0.01)
+        agent_check.serve(s.addr, s.port, answer, stop)
+    else:
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
     print(f"ready {a.name} {a.port}", flush=True)
-    srv.serve_forever()
+    done.wait()
+    srv.shutdown()
 
 
 if __name__ == "__main__":

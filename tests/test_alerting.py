@@ -220,12 +220,14 @@ def test_cuda_launch_alert_follows_the_agents_cuda_tracing():
     ({}, False),
     ({"cuda_uprobes": {"enabled": True}}, True),
     ({"enabled": False, "cuda_uprobes": {"enabled": True}}, False),
-    ({"cuda_uprobes": {"enabled": True, "library_paths": ["/usr/lib64/libcuda.so.1"]}}, False),
+    ({"cuda_uprobes": {"enabled": True, "library_paths": ["/usr/lib64/libcuda.so.1"]}}, True),
+    ({"cuda_uprobes": {"enabled": True, "library_paths": ["/opt/cuda/lib64/libcudart.so.12"]}}, False),
     ({"cuda_uprobes": {"enabled": True, "library_paths": ["/usr/lib64/libcuda.so.1",
                                                            "/opt/cuda/lib64/libcudart.so.12"]}}, True),
 ])
-def test_cuda_launch_alert_needs_the_runtime_library_traced(agent, traced):
-    """The driver library alone shows cuLaunchKernel, never the cudaLaunchKernel the alert selects."""
+def test_cuda_launch_alert_needs_the_driver_library_traced(agent, traced):
+    """Launches are probed once, at the driver's entry points (issue 35): the driver library alone
+    shows every launch; the runtime library alone shows copies and synchronizations, no launch."""
     from components.wiring import cuda_launch_traced
 
     raw = _raw("dev")

@@ -265,9 +265,12 @@ def test_reserved_cpus_match_the_validation_model():
 
 def test_instance_store_holds_the_model_cache_on_nvme_pools(run):
     """Every catalog GPU type has local NVMe: RAID0 it (Karpenter v1.15 nodeclasses.md,
-    spec.instanceStorePolicy), and serve the cache from the RAID's mount (/mnt/k8s-disks/0)."""
+    spec.instanceStorePolicy); a `host_path` cache is served from the RAID's mount (/mnt/k8s-disks/0),
+    the default emptyDir from the kubelet's directory, which setup-local-disks binds onto it."""
     from components.aws.disks import NVME_MODEL_CACHE_PATH
+    from tests.test_model_cache import with_cache
 
+    run = with_cache(run.stack, kind="host_path")
     classes = one_per_pool(run)
     for nc in classes:
         spec = nc.inputs["spec"]

@@ -143,7 +143,8 @@ def test_least_privilege(workflows):
         assert wf["permissions"] == {}, f"{name}: the workflow grants nothing; each job says what it needs"
     for where, job in _jobs(workflows):
         perms = job.get("permissions")
-        assert isinstance(perms, dict) and perms.get("contents") == "read", f"{where}: permissions {perms}"
+        checks_out = any(s.get("uses", "").startswith("actions/checkout@") for s in job.get("steps", []))
+        assert isinstance(perms, dict) and (perms.get("contents") == "read") == checks_out, f"{where}: permissions {perms}"
         cloud = any(s.get("uses", "").startswith(("aws-actions/", "google-github-actions/")) for s in job.get("steps", []))
         assert (perms.get("id-token") == "write") == cloud, f"{where}: id-token only where a cloud is reached"
         comments = any(s.get("with", {}).get("comment-on-pr") is True for s in job.get("steps", []))
@@ -201,36 +202,91 @@ def test_a_new_stack_file_is_covered(tmp_path):
     )
     got = ci.matrix(["components/wiring.py"], root=tmp_path)["include"]
     assert {e["stack"] for e in got} == set(available_stacks()) | {"staging"}
-    assert {"stack": "staging", "aws": False, "gcp": True, "private": False} in got
+    assert {"stack": "staging", "aws": False, "gcp": True, "restricted": False} in got
+
+
+def _pulumi_steps(job):
+    return [s for s in job["steps"] if s.get("uses", "").startswith("pulumi/actions@")]
 
 
 def test_policy_gate_on_preview_and_up(workflows):
-    for name, job_id, command in (("pull-request.yml", "preview", "preview"), ("deploy.yml", "up", "up")):
+    for name, job_id in (("pull-request.yml", "preview"), ("deploy.yml", "up")):
         job = _job(workflows, name, job_id)
-        step = _pulumi_step(job)["with"]
-        assert step["command"] == command
-        assert step["policyPacks"] == "policies", f"{name}:{job_id}: the policy pack gates every {command}"
-        assert step["policyPackConfigs"] == "${{ runner.temp }}/policy-config.json"
+        for step in _pulumi_steps(job):
+            assert step["with"]["policyPacks"] == "policies", f"{name}:{job_id}: the policy pack gates every command"
+            assert step["with"]["policyPackConfigs"] == "${{ runner.temp }}/policy-config.json"
         runs = " ".join(s.get("run", "") for s in job["steps"])
         assert 'python -m tools.ci policy-config "$STACK" --out "$RUNNER_TEMP/policy-config.json"' in runs
+        assert "make deps policy-venv" in runs, f"{name}:{job_id}: the pack's venv as the README makes it"
         assert any(s.get("uses", "").startswith("docker/setup-buildx-action@") for s in job["steps"]), (
             f"{name}:{job_id}: the program builds its images with buildx"
         )
+    assert [s["with"]["command"] for s in _pulumi_steps(_job(workflows, "pull-request.yml", "preview"))] == ["preview"]
     assert _pulumi_step(_job(workflows, "pull-request.yml", "preview"))["with"]["comment-on-pr"] is True
 
 
+def test_the_deploy_applies_exactly_the_policy_checked_plan(workflows):
+    """`up` alone (pulumi/actions runs Automation API's `up`, which is `pulumi up --yes --skip-preview`:
+    pulumi/pulumi sdk/nodejs/automation/stack.ts) stops at a mandatory violation only when it reaches
+    the violating resource, after the ones before it were applied. So the job previews with the pack
+    and saves the update plan, and the up applies that plan (pulumi/actions v7.0.0 `plan` input:
+    `--save-plan` on preview, `--plan` on up; Pulumi docs, "Update plans"), in that order, and only
+    if the preview passed."""
+    job = _job(workflows, "deploy.yml", "up")
+    steps = job["steps"]
+    pulumi = _pulumi_steps(job)
+    assert [s["with"]["command"] for s in pulumi] == ["preview", "up"]
+    preview, up = pulumi
+    assert preview["with"]["plan"] == up["with"]["plan"] == "${{ runner.temp }}/plan.json"
+    assert preview["with"]["stack-name"] == up["with"]["stack-name"]
+    assert steps.index(preview) < steps.index(up)
+    for step in steps[steps.index(preview):]:
+        assert "if" not in step and not step.get("continue-on-error"), f"{step.get('name')}: runs only if the preview passed"
+    assert not job.get("continue-on-error")
+
+
+def test_a_violating_change_applies_nothing(workflows):
+    """The deploy job's steps in order, as the runner takes them (a step runs only while every step
+    before it succeeded; none has an `if:` after the preview): the preview step is the pack over the
+    stack as a preview sees it (`tools.policy_check`, the same validators and config). A change the
+    config allows and the pack refuses at preview (prod's EKS cluster without its private endpoint,
+    Cilium off) fails it, and the up step, the only one that changes anything, never starts."""
+    import copy
+
+    from tools.offline import PROJECT, stack_config
+    from tools.policy_check import check_stack
+
+    cfg = copy.deepcopy(stack_config("prod"))
+    cluster = next(c for c in cfg[f"{PROJECT}:clusters"] if c["cloud"] == "aws")
+    cluster["endpoint"]["private_access"] = False
+    cluster["cilium"] = {"enabled": False}
+    reached = []
+    for step in _job(workflows, "deploy.yml", "up")["steps"]:
+        command = step.get("with", {}).get("command")
+        if command == "preview":
+            _, violations = check_stack("prod", config=cfg, preview=True)
+            assert any(v.level == "mandatory" for v in violations), "the change must be one the pack refuses at preview"
+            break  # the step fails: the runner skips every later step
+        reached.append(command)
+    assert "up" not in reached, "a refused preview was followed by the up"
+    steps = _job(workflows, "deploy.yml", "up")["steps"]
+    up = next(s for s in steps if s.get("with", {}).get("command") == "up")
+    assert all("if" not in s for s in steps[steps.index(up) - 1:]), "the up has no `if:` that would run it after a failure"
+
+
 def test_preview_and_up_run_the_same_steps(workflows):
-    """One copy-paste job body, two commands: only the command and what follows from it differ."""
+    """One job body, two workflows: the pull request's preview is the deploy's preview step; the
+    deploy adds only the plan and the up that applies it."""
     def body(job):
         return [{k: v for k, v in s.items() if k != "name"} for s in job["steps"] if "PRIVATE_RUNNER_LABEL" not in s.get("if", "")]
     preview = body(_job(workflows, "pull-request.yml", "preview"))
     up = body(_job(workflows, "deploy.yml", "up"))
-    assert len(preview) == len(up)
-    for p, u in zip(preview, up):
+    assert len(preview) + 1 == len(up) and up[-1]["with"]["command"] == "up"
+    for p, u in zip(preview, up[:-1]):
         norm = json.dumps(p).replace("preview", "up")
         assert norm == json.dumps(u) or (p.get("uses", "").startswith("pulumi/actions@") and
                                           {k: v for k, v in p["with"].items() if k != "comment-on-pr"} ==
-                                          {**u["with"], "command": "preview"}), f"{p} vs {u}"
+                                          {k: v for k, v in u["with"].items() if k != "plan"}), f"{p} vs {u}"
 
 
 def test_cli_less_gate_on_every_pull_request(workflows):
@@ -292,16 +348,22 @@ def test_clouds_per_stack():
     assert ci.clouds({"clusters": [{"cloud": "existing", "underlying_cloud": "other"}]}) == set()
 
 
-def test_private_endpoints_need_a_runner_inside_the_network(workflows):
-    """prod's EKS endpoint has no public access and its GKE endpoint is private; byo reaches
-    prod-usc1 through prod's kubeconfig output, so it is private too."""
-    got = {e["stack"]: e["private"] for e in ci.matrix(None)["include"]}
-    assert {s: got[s] for s in ("dev", "prod", "byo")} == {"dev": False, "prod": True, "byo": True}
-    assert not ci.private_api({"clusters": [{"cloud": "aws", "endpoint": {"public_access": True}}]}, {})
-    assert ci.private_api({"clusters": [{"cloud": "gcp", "private_endpoint": True}]}, {})
+def test_restricted_endpoints_need_a_runner_whose_egress_is_listed(workflows):
+    """prod's EKS endpoint is public but limited to `public_access_cidrs`, so a GitHub-hosted runner
+    (whose address is not listed) cannot reach it; dev's is open. GKE is reached through its DNS-based
+    endpoint from anywhere (IAM decides), so prod-usc1's private endpoint restricts no runner, and
+    byo (on prod-usc1) needs none."""
+    got = {e["stack"]: e["restricted"] for e in ci.matrix(None)["include"]}
+    assert {s: got[s] for s in ("dev", "prod", "byo")} == {"dev": False, "prod": True, "byo": False}
+    assert not ci.restricted_api({"clusters": [{"cloud": "aws", "endpoint": {"public_access": True}}]}, {})
+    assert ci.restricted_api({"clusters": [{"cloud": "aws", "endpoint": {"public_access_cidrs": ["203.0.113.0/24"]}}]}, {})
+    assert not ci.restricted_api({"clusters": [{"cloud": "gcp", "private_endpoint": True}]}, {})
+    ref = {"cloud": "existing", "stack_reference": {"stack": f"o/{ci.PROJECT}/p", "key": "eks"}}
+    source = {"p": {"clusters": [{"cloud": "aws", "name": "eks", "endpoint": {"public_access_cidrs": ["203.0.113.0/24"]}}]}}
+    assert ci.restricted_api({"clusters": [ref]}, source), "an existing cluster inherits its source's restriction"
     for name, job_id, level in (("pull-request.yml", "preview", "::warning::"), ("deploy.yml", "up", "::error::")):
         job = _job(workflows, name, job_id)
-        assert job["runs-on"] == "${{ matrix.private && vars.PRIVATE_RUNNER_LABEL || 'ubuntu-24.04' }}"
+        assert job["runs-on"] == "${{ matrix.restricted && vars.PRIVATE_RUNNER_LABEL || 'ubuntu-24.04' }}"
         check = next(s for s in job["steps"] if "PRIVATE_RUNNER_LABEL" in s.get("if", ""))
         assert level in check["run"], f"{name}:{job_id}"
         assert ("exit 1" in check["run"]) == (job_id == "up"), "an up that cannot reach the cluster stops early"
@@ -321,7 +383,7 @@ def test_matrix_cli(tmp_path, capsys):
     changed = tmp_path / "changed.txt"
     changed.write_text("docs/ci.md\nPulumi.byo.yaml\n")
     assert ci.main(["matrix", "--changed", str(changed)]) == 0
-    assert json.loads(capsys.readouterr().out) == {"include": [{"stack": "byo", "aws": False, "gcp": True, "private": True}]}
+    assert json.loads(capsys.readouterr().out) == {"include": [{"stack": "byo", "aws": False, "gcp": True, "restricted": False}]}
     changed.write_text("docs/ci.md\n")
     ci.main(["matrix", "--changed", str(changed)])
     assert capsys.readouterr().out.strip() == '{"include":[]}', "the workflows' `if:` compares this exact text"

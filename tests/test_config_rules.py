@@ -275,6 +275,30 @@ BOUNDARY_CASES: list[tuple[str, str, list[Callable[[dict[str, Any]], None]], lis
       "name ('llama-3.3-70b')"]),
     ("overflow-to-missing-lists-the-others", "prod", [_set("models[0].overflow_to", "llama-cheap")],
      ["models[0].overflow_to: no model named 'llama-cheap'; allowed: llama-70b-economy"]),
+    # issue 32 item 4: an overflow target with a shorter context needs the router's long-prompt gate;
+    # an equally long one does not, and with the router off there is no overflow at all
+    ("overflow-to-shorter-context-needs-the-gate", "prod", [_delete("router.overflow_bytes_per_token")],
+     ["models[0].overflow_to: 'llama-70b-economy' serves at most 8192 tokens (engine.max_model_len), fewer than "
+      "this entry's 16384: a longer prompt sent there is refused; allowed: an economy entry with max_model_len >= "
+      "16384, or set router.overflow_bytes_per_token (the fewest request-body bytes per prompt token, 1 for any "
+      "text) so the router keeps every request that may not fit 8192 tokens here"]),
+    ("overflow-to-as-long-a-context-needs-no-gate", "prod",
+     [_delete("router.overflow_bytes_per_token"), _set("models[1].engine.max_model_len", 16384)], []),
+    ("overflow-to-one-token-shorter-needs-the-gate", "prod",
+     [_delete("router.overflow_bytes_per_token"), _set("models[1].engine.max_model_len", 16383)],
+     ["models[0].overflow_to: 'llama-70b-economy' serves at most 16383 tokens (engine.max_model_len), fewer than "
+      "this entry's 16384: a longer prompt sent there is refused; allowed: an economy entry with max_model_len >= "
+      "16384, or set router.overflow_bytes_per_token (the fewest request-body bytes per prompt token, 1 for any "
+      "text) so the router keeps every request that may not fit 16383 tokens here"]),
+    # issue 32 item 2: an overflow target that can be at zero replicas where its primary runs
+    ("economy-at-zero-needs-a-choice", "prod", [_delete("router.empty_economy")],
+     ["models[1].placements[1].min_replicas: 0 on 'prod-usc1', where it takes models[0]'s overflow: say what an "
+      "overflowing request gets while it has no replica; allowed: router.empty_economy retry-after (a 503 with "
+      "Retry-After at once) or queue (a wait for a primary slot, router.queue_s, then that 503), or "
+      "min_replicas >= 1"]),
+    ("economy-at-one-needs-no-choice", "prod",
+     [_delete("router.empty_economy"), _set("models[1].placements[1].min_replicas", 1)], []),
+    ("router-off-needs-neither", "prod", [_set("router", {"enabled": False})], []),
     # one placement per cluster; every later placement is still checked
     ("placements-each-checked", "prod",
      [_set("models[1].placements", [
@@ -291,6 +315,29 @@ BOUNDARY_CASES: list[tuple[str, str, list[Callable[[dict[str, Any]], None]], lis
       "models[1].placements[4].cluster: model 'llama-70b-economy' is already placed on cluster 'nowhere' "
       "(models[1].placements[2]); allowed: one placement per cluster (use another model entry to serve it from "
       "a second pool)"]),
+    # the model cache (components/serving/cache.py): emptyDir caches of the replicas one node holds
+    # against 90 % of its disk, and a host path the node image can create
+    ("cache-fits-at-90-percent-of-the-node-disk", "dev", [_set("models[0].cache", {"size_gib": 377})], []),
+    ("cache-overflows-the-node-disk", "dev", [_set("models[0].cache", {"size_gib": 378})],
+     ["models[0].cache.size_gib: 1 replica(s) per node x 378 GiB = 378 GiB exceed the 377 GiB a node of "
+      "clusters[0].gpu_pools[0] can hold (90 % of 419 GiB); allowed: a larger disk on clusters[0].gpu_pools[0], "
+      "or cache.kind host_path (one copy per node) or pvc"]),
+    # p5.48xlarge holds two TP=4 replicas (prod-use1); a3-highgpu-4g one (prod-usc1, 8 local SSDs)
+    ("two-replicas-per-node-share-its-disk", "prod", [_set("models[0].cache", {"size_gib": 12741})],
+     ["models[0].cache.size_gib: 2 replica(s) per node x 12741 GiB = 25482 GiB exceed the 25481 GiB a node of "
+      "clusters[0].gpu_pools[0] can hold (90 % of 28312 GiB); allowed: a larger disk on clusters[0].gpu_pools[0], "
+      "or cache.kind host_path (one copy per node) or pvc",
+      "models[0].cache.size_gib: 1 replica(s) per node x 12741 GiB = 12741 GiB exceed the 2515 GiB a node of "
+      "clusters[1].gpu_pools[0] can hold (90 % of 2794 GiB); allowed: a larger disk on clusters[1].gpu_pools[0], "
+      "or cache.kind host_path (one copy per node) or pvc"]),
+    ("one-replica-short-of-two", "prod", [_set("models[0].cache", {"size_gib": 12740})],
+     ["models[0].cache.size_gib: 1 replica(s) per node x 12740 GiB = 12740 GiB exceed the 2515 GiB a node of "
+      "clusters[1].gpu_pools[0] can hold (90 % of 2794 GiB); allowed: a larger disk on clusters[1].gpu_pools[0], "
+      "or cache.kind host_path (one copy per node) or pvc"]),
+    ("host-path-on-cos-read-only-root", "byo", [_set("models[0].cache", {"kind": "host_path", "host_path": "/mnt/models"})],
+     ["models[0].cache.host_path: '/mnt/models' is on Container-Optimized OS's read-only root, where the kubelet "
+      "cannot create it; allowed: a path under /var, /home, /mnt/stateful_partition, /mnt/disks"]),
+    ("host-path-under-var-on-cos", "byo", [_set("models[0].cache", {"kind": "host_path", "host_path": "/var/models"})], []),
 ]
 
 

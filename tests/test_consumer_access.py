@@ -5,6 +5,14 @@ by the serving NetworkPolicy (prod onboards the `chat` team; docs/contract.md "O
   access policies `AmazonEKSEditPolicy` scoped to the team's namespace and `AmazonEKSViewPolicy`
   scoped to the serving namespace (EKS user guide, "Associate access policies with access entries";
   ARNs `arn:aws:eks::aws:cluster-access-policy/<name>`).
+- EKS access entries of type STANDARD may name a principal of another AWS account ("Create access
+  entries", awsdocs/amazon-eks-user-guide latest/ug/manage-access/k8s-access/creating-access-entries.adoc
+  @ff1d30bd: "If the type is `STANDARD`, the ARN can be in the same, or different, AWS account"); its
+  clients reach the public endpoint only from `publicAccessCidrs`, so a team's `api_cidrs` are added there.
+- GKE puts a user's Google Groups in their Kubernetes identity only on a cluster with Google Groups for
+  RBAC (`authenticator_groups_config.security_group`, "must be in format gke-security-groups@yourdomain.com":
+  pulumi-gcp 10.2.0 `ClusterAuthenticatorGroupsConfigArgs`); without it a RoleBinding to kind Group
+  matches nobody, so such a consumer is refused.
 - GKE: `roles/container.clusterViewer` on the project (get the cluster, nothing inside it) and RoleBindings
   to the built-in ClusterRoles `edit` (team namespace) and `view` (serving namespace); a RoleBinding
   grants a ClusterRole in its own namespace only (kubernetes.io/docs/reference/access-authn-authz/rbac).
@@ -23,7 +31,8 @@ from tools.offline import run_program, stack_config
 
 ENTRY = "aws:eks/accessEntry:AccessEntry"
 ASSOC = "aws:eks/accessPolicyAssociation:AccessPolicyAssociation"
-CHAT_ROLE = "arn:aws:iam::123456789012:role/chat-team-deployer"
+CHAT_ROLE = "arn:aws:iam::210987654321:role/chat-team-deployer"  # the team's own account, not the cluster's
+P = "gpu-inference-platform"
 
 
 def test_eks_grants_the_team_edit_in_its_namespace_and_view_in_serving_only():
@@ -92,4 +101,52 @@ def with_consumer(**over) -> dict:
 )
 def test_bad_consumer_config_fails_before_anything_is_created(case, over, fragments):
     run = run_program("prod", config=with_consumer(**over), raise_errors=False)
+    assert_config_error(run, case, fragments)
+
+
+def test_the_gke_cluster_resolves_google_groups_so_a_group_binding_matches():
+    run = stack_run("prod")
+    (gke,) = run.by_type("gcp:container/cluster:Cluster")
+    assert gke.inputs.get("authenticatorGroupsConfig") == {"securityGroup": "gke-security-groups@acme.example"}, gke.urn
+
+
+def without_google_groups(members: list[str]) -> dict:
+    cfg = with_consumer(gcp_members=members)
+    for c in cfg[f"{P}:clusters"]:
+        c.pop("rbac_security_group", None)
+    return cfg
+
+
+def test_a_group_consumer_on_a_gke_cluster_without_google_groups_is_refused():
+    run = run_program("prod", config=without_google_groups(["user:a@acme.example", "group:chat-team@acme.example"]), raise_errors=False)
+    assert_config_error(run, "group-without-google-groups", [
+        "consumers[0].gcp_members[1]", "group:chat-team@acme.example", "clusters[1].rbac_security_group",
+        "gke-security-groups@"])
+
+
+def test_users_and_service_accounts_need_no_google_groups():
+    run = run_program("prod", config=without_google_groups(["user:a@acme.example", "serviceAccount:ci@p.iam.gserviceaccount.com"]))
+    (gke,) = run.by_type("gcp:container/cluster:Cluster")
+    assert "authenticatorGroupsConfig" not in gke.inputs, gke.urn
+
+
+def test_the_security_group_must_be_the_one_gke_reads():
+    cfg = copy.deepcopy(stack_config("prod"))
+    cfg[f"{P}:clusters"][1]["rbac_security_group"] = "chat-team@acme.example"
+    assert_config_error(run_program("prod", config=cfg, raise_errors=False), "wrong-group",
+                        ["clusters[1].rbac_security_group", "gke-security-groups@"])
+
+
+def test_a_consumers_api_cidrs_reach_the_eks_public_endpoint():
+    run = stack_run("prod")
+    (eks,) = run.by_type("eks:index:Cluster")
+    assert eks.inputs["publicAccessCidrs"] == ["198.51.100.0/24", "203.0.113.0/24"], eks.urn
+
+
+@pytest.mark.parametrize("case,cidrs,fragments", [
+    ("internet-in-prod", ["0.0.0.0/0"], ["consumers[0].api_cidrs", "0.0.0.0/0", "to the internet"]),
+    ("over-eks-quota", [f"10.{i}.0.0/16" for i in range(40)], ["consumers[].api_cidrs", "prod-use1", "41 CIDRs", "at most 40"]),
+])
+def test_consumer_cidrs_the_endpoint_cannot_take_fail_before_anything_is_created(case, cidrs, fragments):
+    run = run_program("prod", config=with_consumer(api_cidrs=cidrs), raise_errors=False)
     assert_config_error(run, case, fragments)

@@ -24,6 +24,7 @@ from components.serving.budget import (
     max_request_that_fits,
     nodepool_termination_grace_s,
 )
+from tests.e2e.kube import KARPENTER_DRAIN_REQUEUE_S, karpenter_force_delete, karpenter_termination_time
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "serving.md"
 BEGIN, END = "<!-- drain-budget-table:begin -->", "<!-- drain-budget-table:end -->"
@@ -32,6 +33,8 @@ CASES = [
     # (case, notice a pod gets, lead, max_request_s, queued, slots)
     ("AWS spot (120 s)", AWS_SPOT_NOTICE_S, AWS_LEAD_S, 60, 0, 64),
     ("AWS spot, queue of one round", AWS_SPOT_NOTICE_S, AWS_LEAD_S, 30, 64, 64),
+    ("AWS spot (prod's models)", AWS_SPOT_NOTICE_S, AWS_LEAD_S, 90, 0, 128),
+    ("GKE spot, 120 s notice (prod's models)", pod_shutdown_grace_s(120), 0, 90, 0, 128),
     ("GKE spot, 30 s notice", pod_shutdown_grace_s(GKE_DEFAULT_SPOT_NOTICE_S), 0, 2, 0, 64),
     ("GKE spot, 30 s notice", pod_shutdown_grace_s(GKE_DEFAULT_SPOT_NOTICE_S), 0, 10, 0, 64),
     ("GKE spot, 120 s notice", pod_shutdown_grace_s(120), 0, 60, 0, 64),
@@ -61,8 +64,25 @@ def test_docs_table_is_what_the_budget_computes():
 def test_every_part_of_the_spot_timeline_is_counted():
     b = drain_budget(120, AWS_LEAD_S, 5, 60, 0, 64)
     assert b.prestop_s == 5 + 60 + IDLE_CONFIRM_S
-    assert b.grace_s == b.prestop_s + b.shutdown_s + VLLM_EXIT_S == 120 - AWS_LEAD_S
+    assert b.grace_s == 120 - AWS_LEAD_S
     assert budget_problem(b) is None and b.margin_s == 120 - AWS_LEAD_S - b.prestop_s
+
+
+@pytest.mark.parametrize("notice,lead,req,queued", [
+    (AWS_SPOT_NOTICE_S, AWS_LEAD_S, 90, 0),   # prod's primary on AWS spot: the preStop's bound leaves 12 s
+    (AWS_SPOT_NOTICE_S, AWS_LEAD_S, 97, 0),   # the longest request that fits: 5 s after the preStop
+    (pod_shutdown_grace_s(120), 0, 90, 0),    # prod on GKE spot
+    (0, 0, 1, 0),                             # the shortest request, on-demand
+])
+def test_vllm_is_never_in_abort_mode_and_can_finish_one_more_request(notice, lead, req, queued):
+    """`--shutdown-timeout 0` is vLLM's abort mode (v1/engine/core.py `_handle_shutdown`): every
+    request in flight at SIGTERM is finished as aborted. Prod's 90 s streams on a 110 s window left
+    0 (window - preStop - exit < 0), so a pooled client's next request, sent after the preStop, was
+    cut at SIGTERM with most of the grace left. The budget now always gives vLLM drain mode for one
+    more request."""
+    b = drain_budget(notice, lead, 5, req, queued, 64)
+    assert b.shutdown_s >= 1 and b.shutdown_s == req
+    assert b.grace_s >= b.prestop_s, "the kubelet would cut the preStop itself"
 
 
 def test_requests_admitted_during_the_settle_window_and_the_queue_are_in_the_prestop_wait():
@@ -79,7 +99,7 @@ def test_the_spot_rule_rejects_exactly_what_leaves_less_than_the_margin(req):
     assert rejected == (120 - AWS_LEAD_S - (5 + req + IDLE_CONFIRM_S) < SPOT_MARGIN_S), (req, b)
     assert rejected == (req > max_request_that_fits(b))
     if not rejected:
-        assert b.grace_s == 120 - AWS_LEAD_S and b.shutdown_s == max(b.grace_s - b.prestop_s - VLLM_EXIT_S, 0)
+        assert b.grace_s == 120 - AWS_LEAD_S and b.shutdown_s == req
 
 
 def test_gke_default_notice_fits_only_the_shortest_streams():
@@ -93,23 +113,30 @@ def _pool(**kw) -> AwsGpuPool:
 
 
 def test_spot_nodepool_forces_a_pdb_blocked_pod_out_in_time_for_its_whole_grace():
-    """Karpenter: a pod a PDB keeps from eviction is deleted at nodeTerminationTime - its grace,
-    nodeTerminationTime = NodeClaim deletion + terminationGracePeriod (kubernetes-sigs/karpenter
-    terminator/eviction.go `needsForceDelete`; nodeclaim/lifecycle/controller.go). With another
-    replica NotReady the PDB (maxUnavailable 1) allows 0 disruptions (pkg/controller/disruption
-    `countHealthyPods` counts only Ready pods not being deleted)."""
+    """Karpenter v1.14.1 (tests/e2e/kube.py cites the code): a pod a PDB keeps from eviction is
+    deleted on the first drain reconcile (one a second) after nodeTerminationTime - its grace, with
+    the whole seconds left; nodeTerminationTime = the NodeClaim's deletionTimestamp (whole seconds)
+    + terminationGracePeriod. With another replica NotReady the PDB (maxUnavailable 1) allows 0
+    disruptions (pkg/controller/disruption `countHealthyPods` counts only Ready pods not being
+    deleted). Played second by second from deletions at every tenth of a second."""
     pool = _pool(capacity="spot", on_demand_fallback=True)
     specs = {p.capacity: nodepool_spec(pool, p, False) for p in nodepool_plans(pool)}
     tgp = specs["spot"]["template"]["spec"]["terminationGracePeriod"]
     assert re.fullmatch(r"^([0-9]+(s|m|h))+$", tgp)
     t = int(tgp[:-1])
     assert t == nodepool_termination_grace_s("spot", AWS_SPOT_NOTICE_S)
-    for req in (1, 30, 60, 97):
-        g = drain_budget(AWS_SPOT_NOTICE_S, AWS_LEAD_S, 5, req, 0, 64).grace_s
-        deleted_at = AWS_NOTICE_TO_NODECLAIM_DELETE_S  # the NodeClaim's deletion, from the notice
-        forced_at = deleted_at + t - g
-        assert forced_at >= deleted_at + 1, "no time left to try a PDB-respecting eviction first"
-        assert forced_at + g <= AWS_SPOT_NOTICE_S, f"a PDB-blocked pod's grace ends {forced_at + g - 120}s after the instance"
+    for req in (1, 30, 60, 90, 97):
+        b = drain_budget(AWS_SPOT_NOTICE_S, AWS_LEAD_S, 5, req, 0, 64)
+        for tenth in range(10):
+            deleted_at = AWS_NOTICE_TO_NODECLAIM_DELETE_S - tenth / 10  # from the notice, at most 5 s after it
+            end = karpenter_termination_time(deleted_at, t)
+            now, tries = deleted_at, 0
+            while (grace := karpenter_force_delete(now, end, b.grace_s)) is None:
+                now, tries = now + KARPENTER_DRAIN_REQUEUE_S, tries + 1
+            assert tries >= 1, "no PDB-respecting eviction was tried first"
+            assert now + grace <= AWS_SPOT_NOTICE_S, f"a PDB-blocked pod's grace ends {now + grace - 120:.1f}s after the instance"
+            assert grace >= b.grace_s - 2, (req, tenth, grace)
+            assert grace >= b.prestop_s, f"the forced grace {grace}s cuts the {b.prestop_s}s preStop"
     assert specs["on-demand"]["template"]["spec"]["terminationGracePeriod"] == "7200s"
 
 
@@ -120,7 +147,7 @@ def test_any_notice_is_a_spot_budget_and_every_field_is_kept():
 
     b = drain_budget(notice_s=1, lead_s=0, settle_s=0, max_request_s=0, max_queued=0, max_num_seqs=1)
     assert b.window_s == 1 and b.prestop_s == IDLE_CONFIRM_S
-    assert (b.shutdown_s, b.grace_s) == (0, max(1, IDLE_CONFIRM_S)), b
+    assert (b.shutdown_s, b.grace_s) == (1, max(1, IDLE_CONFIRM_S)), b  # never 0: abort mode
     full = drain_budget(notice_s=120, lead_s=10, settle_s=4, max_request_s=20, max_queued=64, max_num_seqs=32)
     assert (full.notice_s, full.lead_s, full.settle_s, full.max_request_s, full.queue_rounds) == (120, 10, 4, 20, 2)
     assert full.prestop_s == 4 + 3 * 20 + IDLE_CONFIRM_S
@@ -144,3 +171,35 @@ def test_a_spot_pool_without_a_notice_drains_like_on_demand():
 
     assert nodepool_termination_grace_s("spot", 0) == ON_DEMAND_NODE_DRAIN_LIMIT_S
     assert nodepool_termination_grace_s("on-demand", 120) == ON_DEMAND_NODE_DRAIN_LIMIT_S
+
+
+@pytest.mark.parametrize("drained_by,capacity,notice,grace,safe", [
+    ("karpenter", "spot", 120, 115, True),      # forced out at the period: bounded
+    ("karpenter", "spot", 120, None, False),    # no period: Karpenter waits forever
+    ("karpenter", "on-demand", 0, None, False),  # forever, whatever the capacity
+    ("karpenter", "on-demand", 0, 1, True),
+    ("kubelet", "spot", 105, None, True),       # GKE's graceful shutdown never asks the Eviction API
+    ("other", "spot", 120, None, False),        # a termination handler gives up, never deletes past it
+    ("other", "spot", 1, None, False),          # any notice is a deadline
+    ("other", "spot", 0, None, True),           # no notice, no deadline: the PDB's purpose
+    ("other", "on-demand", 120, None, True),
+])
+def test_a_pdb_is_safe_only_where_something_ends_its_wait(drained_by, capacity, notice, grace, safe):
+    from components.serving.budget import unbounded_pdb_wait
+
+    reason = unbounded_pdb_wait(drained_by, capacity, notice, grace)
+    assert (reason is None) == safe, reason
+    # the reason is what the Deployment's gpuinfra.io/no-pdb-reason annotation tells an operator
+    if reason is not None and drained_by == "karpenter":
+        assert reason.startswith("Karpenter drains these nodes") and "no terminationGracePeriod" in reason
+        assert reason.endswith("waits for a PDB-blocked pod forever"), reason
+    elif reason is not None:
+        assert reason.startswith("a spot reclaim here is drained through the Eviction API"), reason
+        assert reason.endswith("never deletes past a PDB: a refused eviction would hold the replica until the instance goes"), reason
+
+
+def test_the_least_shutdown_timeout_is_drain_mode():
+    from components.serving.budget import MIN_SHUTDOWN_TIMEOUT_S
+
+    assert MIN_SHUTDOWN_TIMEOUT_S == 1
+    assert drain_budget(0, 0, 5, 0, 0, 64).shutdown_s == 1 and drain_budget(0, 0, 5, 2, 0, 64).shutdown_s == 2

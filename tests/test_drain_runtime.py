@@ -285,11 +285,17 @@ def wait_for(pred, timeout: float, step: float = 0.02):
     return None
 
 
+STARTUP_BOUND_S = 60
+"""A generous bound on a state that must come (a process started, streams admitted, a reason read):
+on a loaded 2-core machine a Python start with the kubernetes client takes seconds, and no test here
+asserts how fast these happen, only that they do."""
+
+
 def start_sidecar(env: dict[str, str]) -> tuple[subprocess.Popen, str]:
     p = subprocess.Popen([sys.executable, str(ROOT / "runtime" / "sidecar.py")], env=env,
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     ready = f"http://127.0.0.1:{env['READY_PORT']}"
-    assert wait_for(lambda: get(f"{ready}/ready")[0] == 200, 10), "sidecar never became ready"
+    assert wait_for(lambda: get(f"{ready}/ready")[0] == 200, STARTUP_BOUND_S), "sidecar never became ready"
     return p, ready
 
 
@@ -320,26 +326,30 @@ def run_drain(tmp_path, vllm, api, budget: float, before_prestop, after_prestop=
               lengths: list[int] | None = None) -> dict:
     env = sidecar_env(tmp_path, vllm.port, api.url, budget)
     p, ready = start_sidecar(env)
+    flag = Path(env["DRAIN_FLAG"])
     try:
         lengths = lengths or [15 + (i % 16) for i in range(STREAMS)]  # 1.5 s .. 3 s at 0.1 s per token
         results = vllm.stream_all(lengths, interval=0.1)
-        assert wait_for(lambda: vllm.running == STREAMS, 10), f"only {vllm.running} streams started"
+        assert wait_for(lambda: vllm.running == STREAMS, STARTUP_BOUND_S), f"only {vllm.running} streams started"
         before_prestop()
-        t0 = time.monotonic()
         hook = subprocess.Popen([sys.executable, str(DRAIN), "prestop"], env=env,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        assert wait_for(lambda: get(f"{ready}/ready")[0] == 503, 5), "readiness never failed"
-        t_unready = time.monotonic() - t0
+        # Readiness must fail the moment the flag exists: the sidecar reads it on every /ready, so the
+        # first probe after the hook wrote it is 503 (no poll in between; how long the hook's python
+        # took to start on a loaded machine is not the sidecar's doing).
+        assert wait_for(flag.exists, STARTUP_BOUND_S), "the preStop never wrote the flag"
+        unready_at_once = get(f"{ready}/ready")[0] == 503
         if after_prestop:
-            time.sleep(0.5)
+            # after the preStop started: the condition lands while the hook runs (state, not a sleep)
+            assert wait_for(lambda: reason_metric(ready, "unknown") or reason_metric(ready, "rollout"), STARTUP_BOUND_S)
             after_prestop()
-        t_reason = wait_for(lambda: reason_metric(ready, reason) and time.monotonic() - t0, 5)
-        hook.wait(timeout=budget + 15)
+        got_reason = wait_for(lambda: reason_metric(ready, reason), STARTUP_BOUND_S)
+        hook.wait(timeout=budget + STARTUP_BOUND_S)
         t_exit = time.monotonic()
         in_flight_at_exit = vllm.running
         vllm.abort_all()  # SIGTERM past the drain: whatever is left is cut
         ok = results.result(30)
-        return {"t_unready": t_unready, "t_reason": t_reason, "ok": ok, "t_exit": t_exit,
+        return {"unready_at_once": unready_at_once, "t_reason": got_reason, "ok": ok, "t_exit": t_exit,
                 "in_flight_at_exit": in_flight_at_exit, "log": hook.stdout.read() + stop(p)}
     finally:
         stop(p)
@@ -348,7 +358,7 @@ def run_drain(tmp_path, vllm, api, budget: float, before_prestop, after_prestop=
 def test_karpenter_interruption_drain_reports_spot_and_cuts_no_stream(tmp_path, vllm, api):
     """AWS: IMDS is out of reach at hop limit 1; Karpenter's interruption queue drains the node."""
     r = run_drain(tmp_path, vllm, api, 30, api.karpenter_interruption)
-    assert r["t_unready"] < 2.0, f"readiness failed only after {r['t_unready']:.2f}s"
+    assert r["unready_at_once"], "/ready still answered 200 with the drain flag written"
     assert r["t_reason"], f"gpuinfra_drain_in_progress{{reason=\"spot\"}} never fired\n{r['log']}"
     cut = r["ok"].count(False)
     assert cut == 0, f"{cut} of {STREAMS} in-flight streams were cut\n{r['log']}"
@@ -757,15 +767,39 @@ def test_the_prestop_wait_ends_at_its_budget_even_with_requests_held():
 
 
 def test_a_slow_name_lookup_is_cut_at_the_deadline(monkeypatch):
-    def slow(*a, **kw):
-        time.sleep(3)
-        raise OSError("too late")
+    """getaddrinfo takes no timeout: a lookup that never returns must not hold the request past its
+    deadline. The fake lookup blocks until the test releases it, so the request has to give up
+    while the lookup is still blocked (its state, not a clock's reading, decides)."""
+    release = threading.Event()
+    lookups = []
 
-    monkeypatch.setattr(socket, "getaddrinfo", slow)
-    t0 = time.monotonic()
-    with pytest.raises(deadline_http.Unreachable):
-        deadline_http.get("http://vllm.invalid:8000/metrics", 0.5)
-    assert time.monotonic() - t0 < 0.9
+    def stuck(*a, **kw):
+        lookups.append(a[0])
+        release.wait(120)
+        raise OSError("released")
+
+    monkeypatch.setattr(socket, "getaddrinfo", stuck)
+    out: dict = {}
+
+    def request() -> None:
+        t0 = time.monotonic()
+        try:
+            deadline_http.get("http://vllm.invalid:8000/metrics", 0.5)
+            out["r"] = "answered"
+        except deadline_http.Unreachable as e:
+            out["r"] = str(e)
+        out["s"] = time.monotonic() - t0
+
+    t = threading.Thread(target=request, daemon=True)
+    t.start()
+    t.join(STARTUP_BOUND_S)
+    try:
+        assert not t.is_alive(), "the request is still waiting on a name lookup that never returns"
+        assert lookups == ["vllm.invalid"] and not release.is_set()
+        assert "deadline passed" in out["r"], out
+        assert out["s"] >= 0.5, f"gave up after {out['s']:.2f}s, before its 0.5 s deadline"
+    finally:
+        release.set()
 
 
 def test_a_body_shorter_than_its_length_is_an_error_not_an_answer():

@@ -206,6 +206,10 @@ BROKEN = [
                                  "tcp_backpressure": {"enabled": False}}, ["ebpf_agent.enabled", "every agent program is off"]),
     ("relative-cuda-lib", "dev", {"cuda_uprobes": {"library_paths": ["lib64/libcuda.so"]}}, ["ebpf_agent.cuda_uprobes.library_paths"]),
     ("threshold-over-100", "dev", {"tcp_backpressure": {"threshold_pct": 120}}, ["ebpf_agent.tcp_backpressure.threshold_pct"]),
+    ("cuda-fraction-0", "dev", {"cuda_uprobes": {"enabled": True, "sample_fraction": 0}},
+     ["ebpf_agent.cuda_uprobes.sample_fraction", "allowed: 0.01 to 1"]),
+    ("cuda-period-600", "dev", {"cuda_uprobes": {"enabled": True, "sample_period_seconds": 600}},
+     ["ebpf_agent.cuda_uprobes.sample_period_seconds", "allowed: 10 to 60 seconds"]),
     ("unknown-key", "dev", {"privileged": True}, ["ebpf_agent.privileged", "unknown key"]),
 ]
 

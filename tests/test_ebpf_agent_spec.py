@@ -122,6 +122,24 @@ def test_tcpbp_settings_and_cuda_rescan_render():
     assert s.cuda_rescan_seconds == 120 and s.cuda_scan is True and s.cuda_libs == ()
 
 
+@pytest.mark.parametrize("fraction, period", [(0.1, 30), (0.01, 10), (1.0, 60), (0.35, 45)])
+def test_cuda_sampling_settings_reach_the_agent(fraction, period):
+    """The stack's duty cycle (cuda_uprobes.sample_fraction / sample_period_seconds) is what the
+    agent's own parser reads back from the DaemonSet's environment."""
+    c = cfg(cuda_uprobes={"sample_fraction": fraction, "sample_period_seconds": period})
+    s = _agent_settings(env_of(c))
+    assert (s.cuda_sample_fraction, s.cuda_sample_period_seconds) == (fraction, period)
+
+
+def test_cuda_sampling_defaults_are_the_agents():
+    """The stack's defaults and a bare agent's agree (a DaemonSet without the variables, or an agent
+    run by hand, keeps the same budget)."""
+    c = cfg()
+    s, bare = _agent_settings(env_of(c)), _agent_settings({})
+    assert s.cuda_sample_fraction == bare.cuda_sample_fraction == c.cuda_uprobes.sample_fraction == 0.1
+    assert s.cuda_sample_period_seconds == bare.cuda_sample_period_seconds == c.cuda_uprobes.sample_period_seconds
+
+
 def test_configured_cuda_libraries_are_mounted_and_replace_the_scan():
     libs = ["/usr/lib64/libcuda.so.1", "/home/kubernetes/bin/nvidia/lib64/libcudart.so.12"]
     c = cfg(cuda_uprobes={"library_paths": libs})
@@ -364,6 +382,11 @@ def test_service_and_servicemonitor_target_the_metrics_port():
         ({"cuda_uprobes": {"library_paths": ["libcuda.so.1"]}}, "absolute paths"),
         ({"cuda_uprobes": {"library_paths": ["/usr/lib/libfoo.so"]}}, "libcudart.so"),
         ({"tcp_backpressure": {"threshold_pct": 0}}, "greater than or equal to 1"),
+        ({"cuda_uprobes": {"sample_fraction": 0}}, "allowed: 0.01 to 1"),
+        ({"cuda_uprobes": {"sample_fraction": 1.5}}, "allowed: 0.01 to 1"),
+        ({"cuda_uprobes": {"sample_fraction": float("nan")}}, "allowed: 0.01 to 1"),
+        ({"cuda_uprobes": {"sample_period_seconds": 9}}, "allowed: 10 to 60 seconds"),
+        ({"cuda_uprobes": {"sample_period_seconds": 61}}, "allowed: 10 to 60 seconds"),
         ({"tcp_backpressure": {"mode": "kprobe"}}, "fentry"),
         ({"seccomp_localhost_profile": "../etc/x.json"}, "relative to the kubelet"),
         ({"pod_names_from_kubelet_logs": False}, "leaves sockmap's allow-list empty"),

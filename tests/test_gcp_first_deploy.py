@@ -249,7 +249,10 @@ def test_boot_disk_read_throughput_scales_with_size_between_baseline_and_vm_cap(
     assert spec.boot_disk_read_mib_s(disk, gb) == mib_s
 
 
-def test_gke_pools_tell_serving_where_and_how_fast_the_cache_is(prod_run):
+def test_gke_pools_tell_serving_where_and_how_fast_the_cache_is():
+    from tests.test_model_cache import with_cache
+
+    prod_run = with_cache("prod", kind="host_path")  # the default, an emptyDir, needs no node path
     deployments = [
         r for r in prod_run.by_type("kubernetes:apps/v1:Deployment")
         if any(a.name.startswith(f"{GKE}-") for a in prod_run.ancestors(r))
@@ -332,8 +335,9 @@ def test_stack_reference_errors_surface_at_deploy_time_through_the_engine(ref, e
 # 11. Project APIs ---------------------------------------------------------------------------------
 
 
-def test_compute_and_container_apis_are_enabled_first_and_never_disabled(prod_run):
-    services = [r for r in prod_run.by_type("gcp:projects/service:Service") if r.name.startswith(f"{GKE}-")]
-    assert sorted(r.inputs["service"] for r in services) == ["compute.googleapis.com", "container.googleapis.com"]
+def test_the_clusters_apis_are_enabled_first_and_never_disabled(prod_run):
+    # Every resource waiting for its own API, registry included: tests/test_gcp_apis.py.
+    services = [r for r in prod_run.by_type("gcp:projects/service:Service") if r.parent.endswith(f"::{GKE}")]
+    assert sorted(r.inputs["service"] for r in services) == ["compute.googleapis.com", "container.googleapis.com", "iam.googleapis.com"]
     for r in services:
         assert r.inputs["disableOnDestroy"] is False and r.inputs["project"] == "acme-llm-prod", r.urn

@@ -254,3 +254,12 @@ def test_flex_start_rule_check_catches_auto_repair():
                         "reservation_affinity": {"consume_reservation_type": "NO_RESERVATION"}},
     }
     assert flex_start_problems(broken) == ["auto_repair must be false"]
+
+
+def test_deletion_protection_is_a_key_with_prods_default_kept():
+    """`deletion_protection` unset: on in prod only (as before the key); set: as set, in any
+    environment, so a prod cluster can be torn down (false, `up`, then `destroy`)."""
+    assert spec.cluster_args(gcp(), "prod", {})["deletion_protection"] is True
+    assert spec.cluster_args(gcp(), "staging", {})["deletion_protection"] is False
+    assert spec.cluster_args(gcp(deletion_protection=False), "prod", {})["deletion_protection"] is False
+    assert spec.cluster_args(gcp(deletion_protection=True), "dev", {})["deletion_protection"] is True

@@ -16,6 +16,7 @@ from typing import Any, Iterator
 import pytest
 
 from components.images.specs import SOURCES, context_hash, image_tag
+from tools import mock_outputs
 from components.serving.config import VLLM_IMAGE
 from tests.support import assert_config_error
 from tools.offline import PROJECT, ProgramRun, manifest, run_program, stack_config
@@ -103,7 +104,8 @@ def test_each_cluster_builds_both_images_into_its_registry(prod_run):
         assert r.inputs["context"] == {"location": src.context}, r.urn
         assert r.inputs["dockerfile"] == {"location": f"{src.context}/Dockerfile"}, r.urn
         assert tag.endswith(":" + image_tag(src, r.inputs["platforms"])), r.urn
-        assert r.inputs["labels"]["io.gpuinfra.context-sha256"] == context_hash(Path(src.context).resolve()), r.urn
+        assert r.inputs["labels"]["io.gpuinfra.context-sha256"] == context_hash(src), r.urn
+        assert r.retain_on_delete, f"{r.urn}: dropping it (its tag is then in the registry) must not delete the pushed image"
         assert r.inputs["registries"][0]["password"] == "[secret]", f"{r.urn}: registry password must stay secret"
     assert by_cluster == {"prod-use1": {"ebpf-agent", "runtime"}, "prod-usc1": {"ebpf-agent", "runtime"}}
 
@@ -157,11 +159,86 @@ def test_prebuilt_images_are_run_by_their_digests_and_nothing_is_built():
     assert ("agent", AGENT) in images and ("spot-drain", RUNTIME) in images and ("controller", RUNTIME) in images
 
 
-def test_byo_pushes_to_the_configured_registry():
+def test_byo_pushes_its_own_repositories_with_credentials_and_no_agent_image():
+    """byo shares prod-usc1's Artifact Registry repository: it pushes under its own stack's name
+    (prod pushes `<repo>/runtime`), with the deployer's Google token, and builds no agent image
+    (its agent is off: prod's runs on those nodes)."""
     run = run_program("byo")
     registry = stack_config("byo")[P + "images"]["registry"]
-    tags = sorted(r.inputs["tags"][0].rsplit(":", 1)[0] for r in run.by_type(IMAGE))
-    assert tags == [f"{registry}/ebpf-agent", f"{registry}/runtime"]
+    (image,) = run.by_type(IMAGE)
+    assert image.inputs["tags"][0].rsplit(":", 1)[0] == f"{registry}/byo/runtime", image.urn
+    creds = image.inputs["registries"][0]
+    assert creds["address"] == "us-central1-docker.pkg.dev" and creds["username"] == "oauth2accesstoken"
+    assert creds["password"] == "[secret]", image.urn
+    prod = {r.inputs["tags"][0].rsplit(":", 1)[0] for r in run_program("prod").by_type(IMAGE)}
+    assert not prod & {t.rsplit(":", 1)[0] for r in run.by_type(IMAGE) for t in r.inputs["tags"]}
+
+
+def test_a_stack_without_the_agent_builds_no_agent_image():
+    cfg = copy.deepcopy(stack_config("dev"))
+    cfg[P + "ebpf_agent"] = {"enabled": False}
+    run = run_program("dev", config=cfg)
+    assert [r.inputs["tags"][0].rsplit(":", 1)[0].rsplit("/", 1)[1] for r in run.by_type(IMAGE)] == ["runtime"]
+    assert [r.inputs["name"] for r in run.by_type("aws:ecr/repository:Repository")] == ["gpuinfra/dev-use1/runtime"]
+
+
+HELD_DIGEST = "sha256:" + "ab" * 32
+
+
+def _registry_holds(monkeypatch, tags: dict[str, str]) -> None:
+    """The registries hold `tags` (repository -> tag), each as HELD_DIGEST: what an earlier push left."""
+    def ecr_images(a):
+        tag = tags.get(a["repositoryName"])
+        return {"imageIds": [{"imageDigest": HELD_DIGEST, "imageTag": tag}] if tag else [], "id": "x"}
+
+    def ar_images(a):
+        base = f"{a['location']}-docker.pkg.dev/{a['project']}/{a['repositoryId']}"
+        held = [{"selfLink": f"{repo}@{HELD_DIGEST}", "tags": [tag], "name": "n", "imageName": repo.rsplit("/", 1)[1],
+                 "buildTime": "", "imageSizeBytes": "1", "mediaType": "m", "updateTime": "", "uploadTime": ""}
+                for repo, tag in tags.items() if repo.startswith(base + "/")]
+        return {"dockerImages": held, "id": "x"}
+
+    monkeypatch.setitem(mock_outputs.CALL_OUTPUTS, "aws:ecr/getRepositories:getRepositories",
+                        lambda a: {"names": sorted(r for r in tags if "/" in r and "." not in r), "id": "x"})
+    monkeypatch.setitem(mock_outputs.CALL_OUTPUTS, "aws:ecr/getImages:getImages", ecr_images)
+    monkeypatch.setitem(mock_outputs.CALL_OUTPUTS, "gcp:artifactregistry/getRepositories:getRepositories", lambda a: {
+        "repositories": [{"repositoryId": r.split("/")[2], "id": r, "createTime": "", "description": "", "format": "DOCKER",
+                          "location": a["location"], "name": r, "updateTime": ""} for r in tags if ".pkg.dev/" in r], "id": "x"})
+    monkeypatch.setitem(mock_outputs.CALL_OUTPUTS, "gcp:artifactregistry/getDockerImages:getDockerImages", ar_images)
+
+
+def test_a_tag_the_registry_holds_is_run_by_its_digest_and_not_pushed_again(monkeypatch):
+    """An `up` from another clone, after `make test`, or after a revert computes a tag an earlier
+    push left in the (immutable) repository: nothing is built, the pods run the registry's digest."""
+    first = run_program("prod")
+    pushed = {t.rsplit(":", 1)[0]: t.rsplit(":", 1)[1] for r in first.by_type(IMAGE) for t in r.inputs["tags"]}
+    ecr = {repo.split("/", 1)[1]: tag for repo, tag in pushed.items() if ".dkr.ecr." in repo}
+    _registry_holds(monkeypatch, {**ecr, **{r: t for r, t in pushed.items() if ".pkg.dev/" in r}})
+    again = run_program("prod")
+    assert not again.by_type(IMAGE), [r.urn for r in again.by_type(IMAGE)]
+    ours = {image for _, name, image in workload_images(again) if name in ("agent", "spot-drain", "prewarm", "controller")}
+    assert ours == {f"{repo}@{HELD_DIGEST}" for repo in pushed}, ours
+
+
+def test_only_the_tags_the_registry_lacks_are_built(monkeypatch):
+    first = run_program("dev")
+    pushed = {t.rsplit(":", 1)[0].split("/", 1)[1]: t.rsplit(":", 1)[1] for r in first.by_type(IMAGE) for t in r.inputs["tags"]}
+    runtime = next(r for r in pushed if r.endswith("/runtime"))
+    _registry_holds(monkeypatch, {runtime: "src-an-older-build"})
+    run = run_program("dev")
+    assert sorted(r.inputs["tags"][0].rsplit(":", 1)[0].rsplit("/", 1)[1] for r in run.by_type(IMAGE)) == ["ebpf-agent", "runtime"]
+    _registry_holds(monkeypatch, {runtime: pushed[runtime]})
+    (agent,) = run_program("dev").by_type(IMAGE)
+    assert agent.inputs["tags"][0].rsplit(":", 1)[0].endswith("/ebpf-agent")
+
+
+def test_an_unreadable_registry_is_named_with_the_permission_it_needs(monkeypatch):
+    monkeypatch.setitem(mock_outputs.CALL_OUTPUTS, "aws:ecr/getRepositories:getRepositories",
+                        lambda a: ({}, [("", "AccessDeniedException: not authorized")]))
+    run = run_program("dev", raise_errors=False)
+    for fragment in ("gpuinfra/dev-use1/", "ecr:DescribeRepositories", "AccessDeniedException"):
+        assert fragment in str(run.error), f"{fragment!r} not in {run.error}"
+    assert not run.by_type(IMAGE)
 
 
 BAD = [
@@ -179,23 +256,6 @@ BAD = [
 def test_bad_image_config_fails_with_its_key(case_id, stack, images, fragments):
     run = run_program(stack, config=_with_images(stack, images), raise_errors=False)
     assert_config_error(run, case_id, fragments)
-
-
-def test_a_code_change_changes_the_tag(tmp_path):
-    src = SOURCES[1]
-    ctx = tmp_path / src.context
-    ctx.mkdir()
-    (ctx / "drain.py").write_text("x = 1\n")
-    (ctx / "wheels").mkdir()
-    amd64 = ["linux/amd64"]
-    before = image_tag(src, amd64, tmp_path)
-    (ctx / "wheels" / "k.whl").write_text("downloaded, not part of the build's identity")
-    (ctx / "__pycache__").mkdir()
-    (ctx / "__pycache__" / "drain.cpython-311.pyc").write_bytes(b"\0")
-    assert image_tag(src, amd64, tmp_path) == before
-    assert image_tag(src, ["linux/amd64", "linux/arm64"], tmp_path) != before, "another platform set is another build"
-    (ctx / "drain.py").write_text("x = 2\n")
-    assert image_tag(src, amd64, tmp_path) != before
 
 
 def test_chart_images_with_a_floating_default_are_pinned_by_version_and_digest(any_run):
@@ -218,3 +278,23 @@ def test_chart_images_with_a_floating_default_are_pinned_by_version_and_digest(a
             tag = values["tag"]
             assert re.fullmatch(r"v?\d+\.\d+\.\d+@sha256:[0-9a-f]{64}", tag), f"{r.urn} {img.values_path}: {tag!r}"
             assert DIGEST.match(f"{img.image}:{tag}"), tag
+
+
+def test_images_the_registry_holds_are_judged_at_preview(monkeypatch):
+    """A preview cannot know the digest of an image it has not built, so the rules that read images
+    cannot decide it (tests/test_policies_preview.py); an image the registry already holds is run by
+    the digest the registry reports, known when the preview runs, and the rules judge it there."""
+    from tools.policy_check import check_run
+
+    def undecided_image_rules(run):
+        return {v.policy for v in check_run(run) if v.level == "undecided" and "image" in v.policy}
+
+    first = run_program("byo", preview=True)
+    assert undecided_image_rules(first), "without the registry's digests the image rules cannot decide"
+    pushed = {t.rsplit(":", 1)[0]: t.rsplit(":", 1)[1] for r in run_program("byo").by_type(IMAGE) for t in r.inputs["tags"]}
+    _registry_holds(monkeypatch, pushed)
+    again = run_program("byo", preview=True)
+    assert not again.by_type(IMAGE)
+    assert not undecided_image_rules(again)
+    ours = {image for _, name, image in workload_images(again) if name in ("spot-drain", "prewarm", "controller")}
+    assert ours == {f"{repo}@{HELD_DIGEST}" for repo in pushed}, ours

@@ -155,7 +155,8 @@ def test_runtime_runs_as_files_and_imports_as_a_package(entry: str, tmp_path: Pa
     hook_dir.mkdir()
     for f in HOOK_FILES:
         (hook_dir / f).write_bytes((ROOT / "runtime" / f).read_bytes())
-    r = subprocess.run([sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {str(hook_dir)!r}); import drain"],
+    hooks = "; ".join(f"import {f.removesuffix('.py')}" for f in HOOK_FILES)  # vLLM imports the middleware so too
+    r = subprocess.run([sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {str(hook_dir)!r}); {hooks}"],
                        cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr[-800:]
 

@@ -1,17 +1,19 @@
 """The pack served the way the Pulumi CLI serves it: `python -m pulumi.policy <engine> <program>`
 (pulumi 3.272.0 `pulumi/policy/__main__.py` runs the program; `PolicyPack` starts the analyzer's
 gRPC server and prints its port, pulumi-policy 1.21.0 `policy.py`), in a virtualenv made from
-`policies/requirements.txt` alone (`make policy-venv`), then asked over gRPC what the engine asks:
+`policies/requirements.txt` alone (`make policy-venv`, at the path PulumiPolicy.yaml names), then asked over gRPC what the engine asks:
 `GetAnalyzerInfo` and `Analyze`."""
 
 from __future__ import annotations
 
 import os
 import select
+from pathlib import Path
 import subprocess
 
 import grpc
 import pytest
+import yaml
 from google.protobuf import empty_pb2, struct_pb2
 from pulumi.runtime import proto
 from pulumi.runtime.proto import analyzer_pb2_grpc
@@ -21,14 +23,18 @@ from pulumi_policy.proxy import UNKNOWN_STRING_VALUE
 from policies.pack import PACK_NAME, POLICIES
 from tools.offline import ROOT
 
-POLICY_PYTHON = ROOT / ".policy-venv" / "bin" / "python"
+# Where the CLI looks for it: PulumiPolicy.yaml's `virtualenv`, joined to the pack's folder (pulumi
+# sdk/python/toolchain `resolveVirtualEnvironmentPath`: `filepath.Join(root, virtualenv)`).
+_VENV_OPTION = yaml.safe_load((ROOT / "policies" / "PulumiPolicy.yaml").read_text())["runtime"]["options"]["virtualenv"]
+POLICY_VENV = Path(os.path.normpath(ROOT / "policies" / _VENV_OPTION))
+POLICY_PYTHON = POLICY_VENV / "bin" / "python"
 LEVELS = {EnforcementLevel.ADVISORY: proto.ADVISORY, EnforcementLevel.MANDATORY: proto.MANDATORY}
 
 
 @pytest.fixture(scope="module")
 def analyzer():
     if not POLICY_PYTHON.exists():
-        pytest.skip("no .policy-venv: `make policy-venv` (part of `make test`) creates it")
+        pytest.skip(f"no {POLICY_VENV.relative_to(ROOT)}: `make policy-venv` (part of `make test`) creates it")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     proc = subprocess.Popen(
         [str(POLICY_PYTHON), "-u", "-m", "pulumi.policy", "127.0.0.1:1", "."],
@@ -49,7 +55,7 @@ def analyzer():
 
 def test_the_policy_venv_holds_only_the_packs_requirements():
     if not POLICY_PYTHON.exists():
-        pytest.skip("no .policy-venv")
+        pytest.skip(f"no {POLICY_VENV.relative_to(ROOT)}")
     out = subprocess.run([str(POLICY_PYTHON), "-m", "pip", "list", "--format=freeze"], capture_output=True, text=True, check=True).stdout
     names = {line.split("==")[0].lower().replace("_", "-") for line in out.splitlines()}
     assert {"pulumi", "pulumi-policy", "pyyaml"} <= names

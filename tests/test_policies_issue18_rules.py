@@ -88,7 +88,7 @@ def test_pod_level_seccomp_and_non_root_count():
 def test_model_cache_host_path_and_root_vllm_image_are_allow_listed():
     c = restricted_container(image="vllm/vllm-openai:v0.33.0")
     c["securityContext"].pop("runAsNonRoot")
-    d = deployment([c], volumes=[{"name": "model-cache", "hostPath": {"path": "/mnt/models"}}])
+    d = deployment([c], volumes=[{"name": "model-cache", "hostPath": {"path": "/var/lib/gpuinfra/models"}}])
     assert run([res(common.DEPLOYMENT, d)], PSS) == []
     narrowed = {PSS: {"allowedHostPaths": [], "rootImages": []}}
     assert len(run([res(common.DEPLOYMENT, d)], PSS, file_config=narrowed)) == 2
@@ -227,8 +227,8 @@ def test_sh_c_vllm_launch_is_parsed():
     props = {"spec": {"template": {"metadata": {"annotations": {common.PRESTOP_ANNOTATION: "30"}},
                                    "spec": {"terminationGracePeriodSeconds": 120, "containers": [c]}}}}
     assert termination_grace_problems(props, c) == []
-    props["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 60
-    assert any("raise it to at least 90" in p for p in termination_grace_problems(props, c))
+    props["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 30
+    assert any("raise it to at least 31" in p for p in termination_grace_problems(props, c))
 
 
 def test_gpu_container_with_limits_only_is_guaranteed():
@@ -265,7 +265,11 @@ def test_gpu_nodepool_needs_a_gpu_limit():
     for limits in (None, {"cpu": "100"}):
         vs = run([gpu_nodepool(limits)], rule)
         assert len(vs) == 1 and "spec.limits['nvidia.com/gpu']" in vs[0].message
-    cpu_pool = res(common.NODEPOOL, {"spec": {"template": {"spec": {"requirements": [{"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64"]}]}}}})
+    # issue 38: an amd64-only pool still lets Karpenter pick a GPU type for a pod that asks for one
+    open_pool = res(common.NODEPOOL, {"spec": {"template": {"spec": {"requirements": [{"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64"]}]}}}})
+    (v,) = run([open_pool], rule)
+    assert "keeps GPU instance types out" in v.message
+    cpu_pool = res(common.NODEPOOL, {"spec": {"template": {"spec": {"requirements": [{"key": "karpenter.k8s.aws/instance-category", "operator": "In", "values": ["c", "m"]}]}}}})
     assert run([cpu_pool], rule) == []
 
 

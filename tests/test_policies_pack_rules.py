@@ -15,11 +15,13 @@ from pulumi_policy import PolicyResource, StackValidationPolicy
 
 from policies.pack import POLICIES
 from policies.secret_values import SECRET_SIG, SIG_KEY, unwrap_marking
-from tests.policy_cases import CASES, Case
+from tests.policy_cases import CASES as CASES_26, Case
+from tests.policy_cases_38 import CASES_38
 from tests.test_policies_analyzer import analyzer  # noqa: F401 - the served pack, a module fixture
 from tools.policy_check import evaluate, resolve_config
 
 BY_NAME = {p.name: p for p in POLICIES}
+CASES = CASES_26 + CASES_38
 IDS = [f"{c.rule}:{c.what}" for c in CASES]
 
 
@@ -149,3 +151,41 @@ def test_trusted_registries_may_be_globs(image, ok):
     t, props = dep([container(image=image)])
     vs = evaluate([PolicyResource(t, props, _urn(t, "d"), "d", None, None, None, [], {})], configs, levels, [BY_NAME[rule]])
     assert (vs == []) == ok, [v.message for v in vs]
+
+
+def test_every_issue_38_rule_has_good_cases_next_to_bad_ones():
+    kinds: dict[str, set[str]] = {}
+    for c in CASES:
+        kinds.setdefault(c.rule, set()).add(c.kind)
+    new = {"kubernetes-serving-pods-restricted", "kubernetes-secret-data-from-pulumi-secrets", "kubernetes-annotations-no-secrets",
+           "kubernetes-pdb-no-overlap", "gcp-gke-nodepool-spot-fallback", "kubernetes-service-no-external-ips",
+           "kubernetes-ingress-tls", "kubernetes-helm-release-rendered-pods", "kubernetes-helm-release-images-pinned"}
+    assert new <= set(kinds) and new <= {p.name for p in POLICIES}
+    for rule in {c.rule for c in CASES_38}:
+        assert {"ok", "bad"} <= kinds[rule], (rule, kinds[rule])
+    for rule in new:
+        assert "missing" in kinds[rule], rule
+
+
+def test_no_pack_module_shadows_the_standard_library():
+    """The CLI runs the pack with `policies/` as the script directory (sys.path[0]): a `selectors.py`
+    there broke `import socket` inside grpc and the analyzer never started."""
+    import sys
+
+    from tools.offline import ROOT
+
+    names = {p.stem for p in (ROOT / "policies").glob("*.py")}
+    assert not names & set(sys.stdlib_module_names), names & set(sys.stdlib_module_names)
+
+
+def test_the_chart_models_agree_with_the_namespaces_the_stack_labels():
+    """The pack's model of the pinned charts renders default pods at exactly the levels
+    components/pod_security.py gives their namespaces (and tests/test_pod_security_admission.py
+    restates independently from the same sources)."""
+    from components.pod_security import KEDA_LEVEL, MONITORING_LEVEL
+    from policies.chart_models import MODELS
+    from policies.chart_rules import default_level
+    from tests.test_pod_security_admission import CHART_PODS, strictest
+
+    assert default_level(MODELS["keda"]) == KEDA_LEVEL == strictest(CHART_PODS["keda"][1])
+    assert default_level(MODELS["kube-prometheus-stack"]) == MONITORING_LEVEL == strictest(CHART_PODS["kube-prometheus-stack"][1])

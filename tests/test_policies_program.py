@@ -134,10 +134,29 @@ def _vllm(props: dict) -> dict:
     return next(c for c in props["spec"]["template"]["spec"]["containers"] if "vllm" in c["image"])
 
 
+def _wire(value):
+    """A value as the engine sends it: a Pulumi secret wrapped with the secret signature."""
+    from policies.secret_values import SECRET_SIG, SIG_KEY, is_secret
+
+    if is_secret(value):
+        return {SIG_KEY: SECRET_SIG, "value": str(value)}
+    if isinstance(value, dict):
+        return {k: _wire(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_wire(v) for v in value]
+    return value
+
+
 def as_the_cli_passes_them(resources: list[PolicyResource]) -> list[PolicyResource]:
-    """Wrap props the way the analyzer does (Mapping/Sequence proxies that raise on unknowns)."""
+    """Wrap props the way the analyzer does (Mapping/Sequence proxies that raise on unknowns), with
+    Pulumi secrets marked as `policies/__main__.py`'s deserializer marks them."""
+    from pulumi_policy import policy
+
+    from policies.secret_values import install
+
+    install()
     for r in resources:
-        r.props = unknown_checking_proxy(deserialize_properties(json.loads(json.dumps(dict(r.props)))))
+        r.props = unknown_checking_proxy(policy.deserialize_properties(json.loads(json.dumps(_wire(dict(r.props))))))
         if r.provider is not None:
             r.provider.props = unknown_checking_proxy(deserialize_properties(json.loads(json.dumps(dict(r.provider.props)))))
     return resources
@@ -159,11 +178,13 @@ def break_one(run: ProgramRun, type_: str, pred, mutate: Callable[[dict], Any], 
 
 
 ALSO_FIRES = {
-    "kubernetes-workload-no-privileged": {"kubernetes-workload-pod-security-standards"},
-    "kubernetes-workload-capabilities-allowlist": {"kubernetes-workload-pod-security-standards"},
+    "kubernetes-workload-no-privileged": {"kubernetes-workload-pod-security-standards", "kubernetes-serving-pods-restricted"},
+    "kubernetes-workload-capabilities-allowlist": {"kubernetes-workload-pod-security-standards", "kubernetes-serving-pods-restricted"},
+    "kubernetes-workload-pod-security-standards": {"kubernetes-serving-pods-restricted"},
 }
 """The pack's own privilege rules overlap Pod Security's `privileged` and `capabilities_*` checks
-on purpose: a break of one fires both (the Pod Security rule only where the namespace enforces them)."""
+on purpose: a break of one fires both (the Pod Security rule only where the namespace enforces them),
+and in a serving namespace `kubernetes-serving-pods-restricted` holds the pods to Restricted as well."""
 
 
 def assert_only(rule: str, new: list[Violation], target: PolicyResource, fragment: str, level: str = "mandatory"):
@@ -244,6 +265,7 @@ BREAKS = [
     ("kubernetes-workload-no-plaintext-secrets", "dev", DEPLOYMENT, _serving, _vllm_edit(lambda c: c["args"].extend(["--hf-token", "hf_" + "b" * 34])), "--hf-token"),
     ("kubernetes-serving-deployment-termination-grace", "prod", DEPLOYMENT, _serving, _set(["spec", "template", "spec", "terminationGracePeriodSeconds"], 60), "raise it to at least"),
     ("kubernetes-serving-deployment-termination-grace", "dev", DEPLOYMENT, _serving, _vllm_edit(lambda c: c.update(args=[a for a in c["args"] if a != "--shutdown-timeout"])), "--shutdown-timeout"),
+    ("kubernetes-serving-deployment-termination-grace", "prod", DEPLOYMENT, _serving, _vllm_edit(lambda c: c["args"].__setitem__(c["args"].index("--shutdown-timeout") + 1, "0")), "abort mode"),
     ("kubernetes-serving-deployment-probes", "prod", DEPLOYMENT, _serving, _vllm_edit(lambda c: c.pop("startupProbe")), "startupProbe"),
     ("kubernetes-serving-deployment-max-unavailable", "prod", DEPLOYMENT, _serving, _set(["spec", "strategy", "rollingUpdate", "maxUnavailable"], 1), "maxUnavailable: 0"),
     ("kubernetes-serving-deployment-max-unavailable", "dev", DEPLOYMENT, _serving, _set(["spec", "strategy"], {"type": "Recreate"}), "Recreate"),
@@ -266,9 +288,24 @@ BREAKS = [
     ("kubernetes-workload-image-pinned", "prod", DEPLOYMENT, _serving, _vllm_edit(lambda c: c.update(image="vllm/vllm-openai:nightly")), "moving line"),
     ("kubernetes-workload-image-pinned", "dev", DEPLOYMENT, _serving, _vllm_edit(lambda c: c.update(image="vllm/vllm-openai:0.33")), "moving line"),
     ("kubernetes-helm-release-version-pinned", "prod", RELEASE, lambda r: r.props.get("chart") == "cilium", _set(["version"], "~1.19.6"), "not an exact version"),
-    # the serving namespace enforces `privileged` (a hostPath model cache), so a pod change there is
-    # admitted; lowering the namespace's level is what makes admission reject the serving pods
-    ("kubernetes-workload-pod-security-standards", "prod", NAMESPACE, _serving_ns, _set(["metadata", "labels", "pod-security.kubernetes.io/enforce"], "baseline"), "[hostPathVolumes]"),
+    # the serving namespace enforces `baseline` (the model cache is an emptyDir): a model server
+    # with hostNetwork, a hostPort, a hostPath of / or an Unconfined seccomp profile is refused in prod
+    ("kubernetes-workload-pod-security-standards", "prod", DEPLOYMENT, _serving, _set(["spec", "template", "spec", "hostNetwork"], True), "[hostNamespaces]"),
+    ("kubernetes-workload-pod-security-standards", "prod", DEPLOYMENT, _serving, _vllm_edit(lambda c: c["ports"][0].update(hostPort=8000)), "[hostPorts]"),
+    ("kubernetes-workload-pod-security-standards", "prod", DEPLOYMENT, _serving, lambda p: p["spec"]["template"]["spec"]["volumes"].append({"name": "root", "hostPath": {"path": "/"}}), "[hostPathVolumes]"),
+    ("kubernetes-workload-pod-security-standards", "prod", DEPLOYMENT, _serving, _vllm_edit(lambda c: c["securityContext"].update(seccompProfile={"type": "Unconfined"})), "[seccompProfile_baseline]"),
+    # issue 38: objects that interact, selectors by what they match, secrets where they hide, charts by their pods
+    ("gcp-gke-nodepool-spot-fallback", "prod", "gcp:container/nodePool:NodePool", lambda r: str(r.props.get("name", "")).endswith("-od"), lambda p: "drop", "no on-demand or Flex-start node pool"),
+    ("karpenter-nodepool-on-demand-fallback", "prod", NODEPOOL, lambda r: r.props["metadata"]["name"].endswith("-on-demand"), _set(["spec", "limits", "nvidia.com/gpu"], "0"), "can hold no GPU node"),
+    ("kubernetes-networkpolicy-no-allow-all", "prod", NETPOL, lambda r: r.props["metadata"]["name"] == "allow-serving-clients", lambda p: p["spec"]["ingress"][0]["from"].append({"namespaceSelector": {"matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "Exists"}]}}), "every namespace satisfies"),
+    ("kubernetes-pdb-no-overlap", "prod", PDB, lambda r: True, lambda p: p["spec"].__setitem__("selector", {}), "both select"),
+    ("kubernetes-annotations-no-secrets", "dev", DEPLOYMENT, _serving, lambda p: p["spec"]["template"]["metadata"]["annotations"].update({"example.com/token": "hf_" + "q" * 34}), "pod template"),
+    ("kubernetes-helm-release-rendered-pods", "prod", RELEASE, lambda r: r.props.get("chart") == "keda", _set(["values", "webhooks", "useHostNetwork"], True), "[hostNamespaces]"),
+    ("kubernetes-helm-release-images-pinned", "prod", RELEASE, lambda r: r.props.get("chart") == "keda", _set(["values", "image", "keda", "tag"], "latest"), "'latest' tag"),
+    ("kubernetes-secret-data-from-pulumi-secrets", "prod", "kubernetes:core/v1:Secret", lambda r: "alert-receivers" in r.name, lambda p: p["stringData"].__setitem__("alert-slack-url", "https://example.com/hook"), "stringData.alert-slack-url is a literal"),
+    ("kubernetes-service-no-external-ips", "prod", "kubernetes:core/v1:Service", lambda r: True, _set(["spec", "externalIPs"], ["203.0.113.7"]), "CVE-2020-8554"),
+    # privilege escalation is Restricted's check, beyond the namespace's baseline: the pack's serving rule holds it
+    ("kubernetes-serving-pods-restricted", "prod", DEPLOYMENT, _serving, _vllm_edit(lambda c: c["securityContext"].update(allowPrivilegeEscalation=True)), "[allowPrivilegeEscalation]"),
     ("kubernetes-workload-pod-security-standards", "dev", NAMESPACE, _serving_ns, _set(["metadata", "labels", "pod-security.kubernetes.io/enforce"], "restricted"), "[runAsNonRoot]"),
     ("kubernetes-workload-pod-security-standards", "prod", DAEMONSET, _agent, _set(["spec", "template", "spec", "hostIPC"], True), "hostIPC"),
     ("kubernetes-workload-pod-security-standards", "prod", DAEMONSET, _agent, lambda p: p["spec"]["template"]["spec"]["volumes"].append({"name": "etc", "hostPath": {"path": "/etc"}}), "hostPath '/etc'"),
@@ -307,7 +344,8 @@ def test_breaking_one_resource_fires_exactly_its_rule(request, rule, stack, type
 
 def test_every_mandatory_rule_has_a_break_test():
     mandatory = {p.name for p in POLICIES if p.enforcement_level == EnforcementLevel.MANDATORY}
-    assert mandatory <= {b[0] for b in BREAKS} | {"kubernetes-serving-deployment-pdb"}
+    # no stack renders an Ingress: tests/policy_cases_38.py covers kubernetes-ingress-tls
+    assert mandatory <= {b[0] for b in BREAKS} | {"kubernetes-serving-deployment-pdb", "kubernetes-ingress-tls"}
 
 
 def test_removing_a_serving_pdb_fires_only_the_pdb_rule(prod_run):
@@ -320,6 +358,25 @@ def test_removing_a_serving_pdb_fires_only_the_pdb_rule(prod_run):
     assert {v.policy for v in new} == {"kubernetes-serving-deployment-pdb"}, table(new)
     assert len(new) == 1 and "has no PodDisruptionBudget" in new[0].message, table(new)
     assert new[0].resource_type == DEPLOYMENT, f"{pdb.urn}: the violation should point at the Deployment"
+
+
+@pytest.mark.parametrize("reason,fires", [("Karpenter waits forever", False), ("", True)])
+def test_a_deployment_that_says_why_it_has_no_pdb_passes_the_pdb_rule(prod_run, reason, fires):
+    """An existing cluster's pool whose drainer would wait on a PDB forever gets none, and the
+    Deployment says why (components/serving/objects.py NO_PDB_ANNOTATION); an empty reason is none."""
+    from policies.serving_rules import NO_PDB_ANNOTATION
+
+    resources = policy_resources(prod_run)
+    configs, levels = resolve_config(POLICIES, {}, "prod")
+    for r in [r for r in resources if r.resource_type == PDB]:
+        resources.remove(r)
+    for r in resources:
+        if r.resource_type == DEPLOYMENT:
+            props = copy.deepcopy(dict(r.props))
+            props.setdefault("metadata", {}).setdefault("annotations", {})[NO_PDB_ANNOTATION] = reason
+            r.props = props
+    fired = [v for v in evaluate(resources, configs, levels) if v.policy == "kubernetes-serving-deployment-pdb"]
+    assert bool(fired) == fires, table(fired)
 
 
 def test_fallback_rule_is_prod_only(prod_run):

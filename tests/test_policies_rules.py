@@ -23,6 +23,7 @@ TYPES = [
     common.EKS_COMPONENT, common.EKS_CLUSTER, common.GKE_CLUSTER, common.GKE_NODEPOOL, common.SQS_QUEUE,
     common.KMS_KEY, common.EKS_NODEGROUP, common.LAUNCH_TEMPLATE, common.CONFIGMAP, common.NETWORK_POLICY,
     common.SERVICE, common.NAMESPACE, common.PERSISTENT_VOLUME, common.PERSISTENT_VOLUME_CLAIM, common.SCALED_OBJECT,
+    "kubernetes:networking.k8s.io/v1:Ingress", "kubernetes:core/v1:Secret",
 ]
 
 
@@ -54,6 +55,10 @@ EMPTY_IS_VIOLATION = {
     ("gcp-gke-cluster-control-plane-hardened", common.GKE_CLUSTER),
     ("gcp-gke-cluster-private-nodes", common.GKE_CLUSTER),
     ("gcp-gke-cluster-workload-identity", common.GKE_CLUSTER),
+    # a NodePool with no requirement can launch any instance type, GPU types included (issue 38)
+    ("karpenter-nodepool-gpu-limit", common.NODEPOOL),
+    # an Ingress with no rules and no TLS serves its default route in clear
+    ("kubernetes-ingress-tls", "kubernetes:networking.k8s.io/v1:Ingress"),
 }
 
 
@@ -285,7 +290,9 @@ def _serving_props(tgps, prestop, shutdown) -> tuple[dict, dict]:
 def test_termination_grace_arithmetic(tgps, prestop, shutdown):
     props, c = _serving_props(tgps, prestop, shutdown)
     problems = termination_grace_problems(props, c)
-    assert (problems == []) == (tgps >= prestop + shutdown), problems
+    assert (problems == []) == (tgps >= prestop + 1 and shutdown >= 1), problems
+    if shutdown == 0:
+        assert any("abort mode" in p for p in problems), problems
 
 
 def test_termination_grace_annotation_and_env_must_agree():
@@ -297,7 +304,9 @@ def test_termination_grace_annotation_and_env_must_agree():
 def test_termination_grace_defaults_to_30s():
     props, c = _serving_props(0, 20, 20)
     del props["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
-    assert "terminationGracePeriodSeconds 30 < preStop budget 20" in termination_grace_problems(props, c)[0]
+    assert termination_grace_problems(props, c) == []
+    props["spec"]["template"]["metadata"]["annotations"][common.PRESTOP_ANNOTATION] = "30"
+    assert "terminationGracePeriodSeconds 30 < preStop budget 30 + 1" in termination_grace_problems(props, c)[0]
 
 
 @given(st.dictionaries(st.sampled_from("abcde"), st.sampled_from("xyz"), min_size=1), st.data())
@@ -330,7 +339,7 @@ def test_default_host_paths_are_the_model_caches_the_platform_places():
     """The pack restates the platform's cache paths (it runs without the platform's code)."""
     from components.aws.disks import NVME_MODEL_CACHE_PATH
     from components.gcp.specs import COS_MODEL_CACHE_DIR
-    from components.serving.config import ModelCache
+    from components.serving.cache import DEFAULT_HOST_PATH
     from policies.pod_security_rules import DEFAULT_HOST_PATHS
 
-    assert set(DEFAULT_HOST_PATHS) == {ModelCache().host_path, NVME_MODEL_CACHE_PATH, COS_MODEL_CACHE_DIR}
+    assert set(DEFAULT_HOST_PATHS) == {DEFAULT_HOST_PATH, NVME_MODEL_CACHE_PATH, COS_MODEL_CACHE_DIR}

@@ -17,6 +17,9 @@ import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from components.router.haproxy_cfg import Route
 from runtime import haproxy_ctl
 from tests.router_harness import free_port, needs_haproxy, render, wait_port
@@ -160,7 +163,7 @@ def test_controller_follows_the_rollout_into_real_haproxy_without_reloading(tmp_
     stop = threading.Event()
     try:
         wait_port(s.port)
-        settings = haproxy_ctl.Settings(namespace="llm-serving", node_name=NODE, routes_path="", socket=s.socket_path,
+        settings = haproxy_ctl.Settings(namespace="llm-serving", node_name=NODE, pod_name="router-a", routes_path="", socket=s.socket_path,
                                         metrics_addr="127.0.0.1", metrics_port=0, api_host=api.url, sync_s=0.1,
                                         watch_timeout_s=5, retry_s=0.2)
         routes = haproxy_ctl.Routes.load(json.loads(routes_doc(tmp_path, s.socket_path).read_text()))
@@ -244,6 +247,8 @@ class ScriptedApi:
         if cmd.startswith("del server"):
             self.servers.pop(cmd.split()[2].split("/")[1])
             return "Server deleted.\n"
+        if cmd.startswith("get map"):
+            return 'type=str, case=sensitive, found=yes, idx=tree, key="_synced", value="1", type="str"\n'
         return "\n"
 
 
@@ -271,3 +276,69 @@ def test_removal_past_the_longest_request_ends_what_is_left():
     removing = {"old": 0.0}
     hx.reconcile(api, PRIMARY, {}, removing, 31.0, 30, 500)
     assert "shutdown sessions server llama-70b/old" in api.log and "old" not in api.servers
+
+
+# ---- one cap however many routers (issue 32 item 1) --------------------------------------------
+
+ECON_OWN = hx.BackendSpec("llama-70b-economy", "llama-70b-economy", "http", 8092, 32, True, True)
+
+
+def router_slices(*endpoints: dict) -> list[dict]:
+    return [{"metadata": {"name": "gpuinfra-router-x", "labels": {hx.SERVICE_NAME_LABEL: "gpuinfra-router"}},
+             "endpoints": list(endpoints)}]
+
+
+def ep(name: str, **cond) -> dict:
+    return {"addresses": ["10.0.0.1"], "targetRef": {"kind": "Pod", "name": name}, "conditions": cond}
+
+
+def test_every_router_pod_counts_whatever_its_conditions():
+    """A new router counts while it is not ready yet, a leaving one while it is terminating, so a
+    share is lowered before the new one takes requests and raised only after the old one is gone."""
+    sl = router_slices(ep("r-b", ready=True), ep("r-a", ready=False), ep("r-c", ready=False, terminating=True))
+    sl += [{"metadata": {"labels": {hx.SERVICE_NAME_LABEL: "llama-70b"}}, "endpoints": [ep("not-a-router")]}]
+    assert hx.routers_of(sl, "gpuinfra-router") == ["r-a", "r-b", "r-c"]
+    assert hx.routers_of(sl, None) == [], "no router Service: this router alone"
+
+
+@given(n_routers=st.integers(1, 9), slots=st.integers(1, 300), server=st.text(min_size=1, max_size=20))
+def test_the_shares_of_every_router_and_backend_add_up_to_the_slots(n_routers, slots, server):
+    """Every router computes its own places from the same list; over all routers and every backend
+    a Service feeds (the economy's own route and each primary's overflow), the places are a
+    permutation, so their slots sum to exactly the replica's."""
+    routers = [f"router-{i}" for i in range(n_routers)]
+    backends = [PRIMARY, ECONOMY, ECON_OWN]
+    for b in backends:
+        places = [hx.server_share(hx.shares(backends, routers, me)[x.name], server)
+                  for me in routers for x in backends if x.service == b.service]
+        assert sorted(p.slot for p in places) == list(range(len(places)))
+        assert {p.count for p in places} == {len(places)}
+        assert sum(p.slots(slots) for p in places) == slots
+
+
+def test_a_router_not_yet_listed_counts_itself():
+    assert hx.shares([PRIMARY], ["r-b"], "r-a")[PRIMARY.name] == hx.Share(0, 2)
+    assert hx.shares([PRIMARY], [], "r-a")[PRIMARY.name] == hx.Share(0, 1)
+
+
+def test_a_server_is_added_with_its_share_and_its_sidecar_health_check():
+    w = hx.Want("p1", 7, "10.0.0.5", 8000, True)
+    cmd = hx.add_command(PRIMARY, w, 500, hx.Share(1, 3))
+    assert f" maxconn {hx.Share(1, 3).slots(128)} " in cmd and " agent-send share=1/3. " in cmd
+    assert f" check port 8092 inter {hx.HEALTH_INTER_MS}ms fall {hx.HEALTH_FALL} rise 1 " in cmd
+    assert " maxconn 1 " in hx.add_command(PRIMARY, w, 500, hx.Share(200, 300)), "0 slots is maxconn 1, not unlimited"
+
+
+def test_a_router_count_change_reaches_each_server_once():
+    api = ScriptedApi({"p1": [7, 0, 0]})
+    want = {"p1": hx.Want("p1", 7, "10.0.0.1", 8000, True)}
+    sent: dict = {}
+    hx.reconcile(api, PRIMARY, want, {}, 0.0, 30, 500, None, hx.Share(0, 1), sent)
+    share = hx.server_share(hx.Share(1, 2), "p1")
+    api.log.clear()
+    hx.reconcile(api, PRIMARY, want, {}, 1.0, 30, 500, None, hx.Share(1, 2), sent)
+    assert [c for c in api.log if c.startswith("set ")] == [
+        f"set server llama-70b/p1 agent-send {share.token()}", f"set maxconn server llama-70b/p1 {share.slots(128)}"]
+    api.log.clear()
+    hx.reconcile(api, PRIMARY, want, {}, 2.0, 30, 500, None, hx.Share(1, 2), sent)
+    assert not [c for c in api.log if c.startswith("set ")], "nothing new: nothing sent"

@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import json
 import subprocess
+import urllib.error
 import urllib.request
 from typing import Any
 
@@ -115,11 +116,20 @@ def test_prod_routes_caps_and_retries(prod_run):
     assert caps == {"llama-70b": 128, "llama-70b-economy": 32, "ovf-llama-70b": 32}, "maxconn = each entry's max_num_seqs"
     feeds = {b["name"]: b["service"] for b in routes["backends"]}
     assert feeds["ovf-llama-70b"] == "llama-70b-economy"
-    assert "use_backend ovf-llama-70b if { var(txn.route) -m str llama-70b } { be_conn_free(llama-70b) eq 0 }" in conf
+    assert ("http-request set-var(txn.ovf) bool(1) if { var(txn.route) -m str llama-70b } "
+            "{ be_conn_free(llama-70b) eq 0 }") in conf
+    assert "use_backend ovf-llama-70b if { var(txn.route) -m str llama-70b } { var(txn.ovf) -m bool }" in conf
     assert "retry-on conn-failure empty-response junk-response 500 502 503" in conf
     assert "response-timeout" not in conf, "a slow prefill is never resent"
     assert "retries 1" in conf and "timeout server 90s" in conf and "hard-stop-after 95s" in conf
-    assert files["caps.map"] == "llama-70b 0\nllama-70b-economy 0\n"
+    assert files["caps.map"] == "llama-70b 0\nllama-70b-economy 0\n_synced 0\n", "not synced until the controller says so"
+    assert routes["router_service"] == "gpuinfra-router", "the router count comes from the router Service's slices"
+    # Buffers from the longest prompt routed (16384 tokens x 6 bytes, plus headers): every body the router
+    # takes fits one buffer and can be retried; a longer one gets 413.
+    assert "tune.bufsize 106496\n" in conf and "if { req.hdr_val(content-length) gt 98304 }" in conf
+    # The economy serves 8192 tokens: longer requests stay on the primary (router.overflow_bytes_per_token 1).
+    assert "http-request unset-var(txn.ovf) if { var(txn.route) -m str llama-70b } { var(txn.need) -m int gt 8192 }" in conf
+    assert "hdr Retry-After 30" in conf and "table demand-llama-70b" in conf
     assert not [k for k in files if k.endswith(".py")], "the controller's code comes from the runtime image, not the ConfigMap"
 
 
@@ -141,11 +151,17 @@ def test_rendered_prod_config_passes_haproxy_c(prod_run, tmp_path):
         wait_port(mport)
         with urllib.request.urlopen(f"http://127.0.0.1:{mport}/metrics", timeout=5) as resp:
             exported = resp.read().decode()
+        try:
+            ready = urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5).status
+        except urllib.error.HTTPError as e:
+            ready = e.code
     finally:
         proc.kill()
         proc.wait()
     for name in (monitoring.REQUESTS, monitoring.RESPONSES, monitoring.RETRIES, monitoring.REDISPATCHES, monitoring.QUEUE):
         assert f'{name}{{proxy="ovf-llama-70b"' in exported, name
+    assert f'{monitoring.DEMAND}{{name="demand-llama-70b"' in exported, "the economy autoscaler's demand (and the dashboard's)"
+    assert ready == 503, "HAProxy is not Ready before the controller synced it (monitor fail on _synced)"
     rules = json.dumps(manifest(children(prod_run, "prod-use1-llm-router")["rules"])["spec"])
     assert 'ovf-(llama-70b)' in rules and "llama-70b-economy" not in rules.split("GpuinfraRouterUpstreamErrors")[0], \
         "overflow counts only the primary's own requests, never the economy entry's clients"
@@ -154,7 +170,7 @@ def test_rendered_prod_config_passes_haproxy_c(prod_run, tmp_path):
 def test_controller_metric_names_match_the_dashboard():
     reg = haproxy_ctl.Metrics().registry
     names = {s.name for fam in reg.collect() for s in fam.samples} | {fam.name for fam in reg.collect()}
-    assert monitoring.SERVERS in names
+    assert monitoring.SERVERS in names and monitoring.PEERS in names
     assert monitoring.CHANGES.removesuffix("_total") in names
 
 
@@ -218,3 +234,22 @@ def test_every_routed_replica_answers_the_agent_port_the_router_asks(prod_run):
         assert {"name": "agent", "containerPort": ports[model][0], "protocol": "TCP"} in side["ports"]
         seen.add(model)
     assert seen == set(ports), seen
+
+
+def test_the_controller_knows_its_pod_and_the_economy_autoscaler_reads_the_routers_demand(prod_run):
+    """The controller's place among the routers needs its own pod name (downward API); the economy
+    tier's ScaledObject on every cluster where the router sends it overflow wakes on the demand the
+    routers could not place (haproxy_sticktable_used of demand-<primary>), activation 0."""
+    ds = manifest(children(prod_run, "prod-use1-llm-router")["daemonset"])
+    (ctl,) = ds["spec"]["template"]["spec"]["initContainers"]
+    assert {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}} in ctl["env"]
+    found = {}
+    for r in prod_run.kubernetes_objects():
+        m = manifest(r)
+        if m.get("kind") == "ScaledObject" and m["spec"]["scaleTargetRef"]["name"] == "llama-70b-economy":
+            found[r.name] = {t["name"]: t["metadata"] for t in m["spec"]["triggers"]}
+    assert len(found) == 2, found  # prod-use1 and prod-usc1 (the one at zero replicas)
+    for name, triggers in found.items():
+        unplaced = triggers["unplaced"]
+        assert 'name=~"demand-llama-70b"' in unplaced["query"] and 'job="gpuinfra-router"' in unplaced["query"], name
+        assert unplaced["activationThreshold"] == "0", name

@@ -15,7 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from components.serving.alerts import CUDA_LAUNCH_CALL, CUDA_METRIC, AlertSignals, alert_rules, pod_regex, prometheus_rule_spec
+from components.serving.alerts import (CUDA_ALERT_RANGE, CUDA_LAUNCH_CALLS, CUDA_LAUNCH_SELECTOR, CUDA_METRIC,
+                                      AlertSignals, alert_rules, pod_regex, prometheus_rule_spec)
 from components.platform.cluster_handle import GPU_TOLERATION, GpuPoolInfo
 from components.platform.config import AlertThresholds
 from components.serving.config import ModelConfig
@@ -94,7 +95,9 @@ def test_pod_is_guaranteed_and_pins_whole_cpus():
     spec = pod_spec(model(), "llama", POOL, "aws", 120, "llama-hf-token", RUNTIME_IMAGE)
     for c in spec["containers"] + spec["initContainers"]:
         r = c["resources"]
-        assert r["requests"] == r["limits"], c["name"]
+        # QoS is decided by cpu and memory alone (kubernetes.io/docs/concepts/workloads/pods/
+        # pod-qos, "Guaranteed"); the cache's ephemeral-storage request has no limit.
+        assert {k: v for k, v in r["requests"].items() if k != "ephemeral-storage"} == r["limits"], c["name"]
         assert {"cpu", "memory"} <= set(r["requests"]), c["name"]
     vllm = spec["containers"][0]
     assert vllm["resources"]["limits"]["nvidia.com/gpu"] == "4"
@@ -280,6 +283,22 @@ def test_economy_tier_also_scales_on_the_served_model_backlog():
     assert rejected["activationThreshold"] == "0"
 
 
+def test_an_economy_tier_wakes_on_the_overflow_its_routers_could_not_place():
+    """Issue 32 item 2: vLLM's metrics never see a request the router could not place on an economy
+    tier at zero; the routers' demand tables (HAProxy's exporter) do. KEDA's prometheus scaler is
+    active when the value is > activationThreshold (kedacore/keda pkg/scalers/prometheus_scaler.go
+    GetMetricsAndActivity, `val > s.metadata.ActivationThreshold`): 0, so one request wakes it."""
+    m = model(tier="economy", name="llama-eco")
+    assert "unplaced" not in [t["name"] for t in scaled_object_spec(m, m.placements[0], "llama-eco", "ns", "http://p")["triggers"]]
+    so = scaled_object_spec(m, m.placements[0], "llama-eco", "ns", "http://p", overflow_from=("llama-b", "llama-a"))
+    unplaced = next(t for t in so["triggers"] if t["name"] == "unplaced")["metadata"]
+    assert unplaced["query"] == ('sum(haproxy_sticktable_used{namespace="ns",job="gpuinfra-router",'
+                                 'name=~"demand-llama-a|demand-llama-b"})')
+    assert unplaced["activationThreshold"] == "0"
+    # the table keeps each request 60 s: one replica per what it absorbs in that window
+    assert float(unplaced["threshold"]) == pytest.approx(int(256 * 0.8) / 60 * 60, abs=1e-2)
+
+
 def test_hpa_fallback_uses_an_external_metric():
     m = model(autoscaling={"mode": "hpa"})
     h = hpa_spec(m, m.placements[0], "llama")
@@ -301,7 +320,7 @@ def test_alerts_cover_every_required_signal():
     assert "gpu_cache_usage_perc" not in json.dumps(rules)
     assert "histogram_quantile(0.99" in by["VllmTtftP99High"]["expr"]
     assert "vllm:time_to_first_token_seconds_bucket" in by["VllmTtftP99High"]["expr"] and "> 2.5" in by["VllmTtftP99High"]["expr"]
-    assert f'{CUDA_METRIC}_bucket{{call="{CUDA_LAUNCH_CALL}"' in by["CudaLaunchStall"]["expr"]
+    assert f'{CUDA_METRIC}_bucket{{{CUDA_LAUNCH_SELECTOR},' in by["CudaLaunchStall"]["expr"]
     assert 'gpuinfra_drain_in_progress{namespace="llm-serving",job="llama",reason="spot"}[2m]' in by["VllmSpotDrainStarted"]["expr"]
     text = by["VllmSpotDrainStarted"]["annotations"]["description"]
     assert "Karpenter" in text and "graceful node shutdown" in text and "notice" not in by["VllmSpotDrainStarted"]["annotations"]["summary"]
@@ -323,10 +342,35 @@ def test_an_alert_is_rendered_only_with_the_signal_it_watches(cuda, spot, absent
     assert got == every - absent
 
 
-def test_cuda_metric_is_the_one_the_ebpf_agent_exports():
+def _agent_constant(module: str, name: str):
+    import ast
+
+    tree = ast.parse((ROOT / "bpf" / "agent" / module).read_text())
+    (value,) = [n.value for n in tree.body if isinstance(n, ast.Assign) and any(
+        isinstance(t, ast.Name) and t.id == name for t in n.targets)]
+    return ast.literal_eval(value)
+
+
+def test_cuda_metric_and_launch_calls_are_the_ones_the_ebpf_agent_exports():
+    """The alert selects the `call` labels the agent gives kernel launches (the driver's entry points,
+    probed once since issue 35); the runtime's cudaLaunchKernel is no longer probed."""
     agent = (ROOT / "bpf" / "agent" / "metrics.py").read_text()
     assert f'"{CUDA_METRIC}"' in agent
-    assert CUDA_LAUNCH_CALL in (ROOT / "bpf" / "cudalat.bpf.c").read_text() + agent
+    assert CUDA_LAUNCH_CALLS == _agent_constant("cudalat.py", "LAUNCH_CALLS")
+    assert CUDA_LAUNCH_SELECTOR == 'call=~"cuLaunchKernel|cuLaunchKernelEx"'
+
+
+def test_cuda_alert_range_holds_several_sampling_windows_at_the_longest_period():
+    """The agent counts launches only in its sampling windows; a range shorter than a period could
+    hold none (NaN: the alert would resolve between windows). The stack allows periods up to
+    SAMPLE_PERIOD_RANGE[1]; the rule's range must hold at least five of them."""
+    from components.agent.config import SAMPLE_PERIOD_RANGE
+
+    rule = {r["alert"]: r for r in alert_rules(model(), "llama", "ns", AlertThresholds(),
+                                                AlertSignals(cuda_tracing=True))}["CudaLaunchStall"]
+    (rng,) = set(re.findall(r"\[(\d+)m\]", rule["expr"]))
+    assert f"[{CUDA_ALERT_RANGE}]" in rule["expr"]
+    assert int(rng) * 60 >= 5 * SAMPLE_PERIOD_RANGE[1], (rng, SAMPLE_PERIOD_RANGE)
 
 
 def test_rule_groups_have_names():

@@ -48,6 +48,7 @@ def test_defaults_render_the_expected_command_line():
         "--kv-cache-dtype", "auto",
         "--enable-prefix-caching",
         "--shutdown-timeout", "60",
+        "--middleware", "drain_middleware.CloseWhenDraining",
     ]
 
 

@@ -5,10 +5,10 @@
     python -m tools.ci permissions                       the deploy identities' block in docs/ci.md
 
 `matrix` reads the changed paths (one per line, as `git diff --name-only` prints them) and prints
-one JSON line: `{"include": [{"stack", "aws", "gcp", "private"}, ...]}`, one entry per touched
+one JSON line: `{"include": [{"stack", "aws", "gcp", "restricted"}, ...]}`, one entry per touched
 `Pulumi.<stack>.yaml`, in deployment order (a stack another one reads through a StackReference comes
 first; then dev, staging, prod). `aws`/`gcp` say which cloud credentials the stack's job needs;
-`private` that a cluster's API endpoint is private, so only a runner inside its network reaches it.
+`restricted` that a cluster's API admits only listed CIDRs, so only a runner whose egress is listed reaches it.
 What touches which stack (`touched_stacks`):
 
 - `Pulumi.<stack>.yaml` or `policies/config.<stack>.json`: that stack;
@@ -85,21 +85,25 @@ def clouds(config: Mapping[str, Any]) -> set[str]:
     return out & {"aws", "gcp"}
 
 
-def private_api(config: Mapping[str, Any], configs: Mapping[str, Mapping[str, Any]]) -> bool:
-    """Whether any cluster's Kubernetes API is reachable only from inside its network: an EKS
-    endpoint without public access, a GKE private endpoint, or an existing cluster whose kubeconfig
-    comes from such a cluster of another stack here (`stack_reference.key` names the cluster)."""
+def restricted_api(config: Mapping[str, Any], configs: Mapping[str, Mapping[str, Any]]) -> bool:
+    """Whether a cluster's Kubernetes API admits only listed source addresses, so only a runner whose
+    egress is listed reaches it: an EKS cluster's public endpoint limited by
+    `endpoint.public_access_cidrs` (no 0.0.0.0/0; the default is 0.0.0.0/0, and a private-only
+    endpoint is refused by config), or an existing cluster whose kubeconfig comes from such a
+    cluster of another stack here (`stack_reference.key` names it). A GKE cluster is reached through
+    its DNS-based endpoint, authorized by IAM wherever the runner is, even with `private_endpoint:
+    true` (docs/gcp.md, "Reaching the API server")."""
     for cluster in config.get("clusters") or []:
         cloud = cluster.get("cloud")
-        if cloud == "aws" and (cluster.get("endpoint") or {}).get("public_access") is False:
-            return True
-        if cloud == "gcp" and cluster.get("private_endpoint") is True:
-            return True
+        if cloud == "aws":
+            cidrs = (cluster.get("endpoint") or {}).get("public_access_cidrs") or ["0.0.0.0/0"]
+            if "0.0.0.0/0" not in [str(c) for c in cidrs]:
+                return True
         ref = cluster.get("stack_reference") or {}
         parts = str(ref.get("stack", "")).split("/")
         if cloud == "existing" and len(parts) == 3 and parts[1] == PROJECT and parts[2] in configs:
             source = [c for c in configs[parts[2]].get("clusters") or [] if c.get("name") == ref.get("key")]
-            if private_api({"clusters": source}, {}):
+            if restricted_api({"clusters": source}, {}):
                 return True
     return False
 
@@ -138,8 +142,8 @@ def matrix(changed: Iterable[str] | None, root: Path = ROOT) -> dict[str, list[d
     for stack in deployment_order(configs):
         if stack in chosen:
             need = clouds(configs[stack])
-            private = private_api(configs[stack], configs)
-            include.append({"stack": stack, "aws": "aws" in need, "gcp": "gcp" in need, "private": private})
+            restricted = restricted_api(configs[stack], configs)
+            include.append({"stack": stack, "aws": "aws" in need, "gcp": "gcp" in need, "restricted": restricted})
     return {"include": include}
 
 

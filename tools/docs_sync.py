@@ -1,7 +1,7 @@
 """Regenerates the generated blocks of README.md and docs/contract.md: `python -m tools.docs_sync`.
 
 Blocks: the configuration reference (from the config model), the stack-output contract table
-(from the contract model) and each stack's idle and peak cost (from components/cost.py over the
+(from the contract model), GKE's deployer roles and APIs (components/gcp/apis.py) and each stack's idle and peak cost (from components/cost.py over the
 stack files). `--check` exits 1 when a file is stale; tests run the same check.
 """
 
@@ -13,6 +13,7 @@ from pathlib import Path
 
 from components.contract import TABLE_BEGIN, TABLE_END, contract_table
 from components.cost import estimate_whole_stack, monthly
+from components.gcp.apis import TABLE_BEGIN as GCP_BEGIN, TABLE_END as GCP_END, deployer_table
 from tools.config_reference import BEGIN as CFG_BEGIN, END as CFG_END, reference
 from tools.offline import available_stacks, stack_model
 
@@ -52,13 +53,15 @@ def rendered(path: Path) -> str:
         text = _replace(text, CFG_BEGIN, CFG_END, f"{CFG_BEGIN}\n{reference()}{CFG_END}")
     if TABLE_BEGIN in text:
         text = _replace(text, TABLE_BEGIN, TABLE_END, contract_table())
+    if GCP_BEGIN in text:
+        text = _replace(text, GCP_BEGIN, GCP_END, deployer_table())
     if COST_BEGIN in text:
         text = _replace(text, COST_BEGIN, COST_END, f"{COST_BEGIN}\n{cost_summary()}{COST_END}")
     return text
 
 
 FILES = (ROOT / "README.md", ROOT / "docs" / "contract.md", ROOT / "docs" / "config-reference.md",
-         ROOT / "docs" / "cost.md")
+         ROOT / "docs" / "cost.md", ROOT / "docs" / "gcp.md")
 
 
 def main(argv: list[str] | None = None) -> int:

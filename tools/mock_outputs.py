@@ -176,6 +176,11 @@ CALL_OUTPUTS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "gcp:organizations/getClientConfig:getClientConfig": lambda a: {
         "accessToken": "mock-gcp-access-token", "project": "p", "region": "us-central1", "zone": "", "id": "mock",
     },
+    # No registry holds an image yet (a first `pulumi up`); tests replace these to model pushed tags.
+    "aws:ecr/getRepositories:getRepositories": lambda a: {"names": [], "id": "us-east-1"},
+    "aws:ecr/getImages:getImages": lambda a: {"imageIds": [], "repositoryName": a.get("repositoryName"), "id": "x"},
+    "gcp:artifactregistry/getRepositories:getRepositories": lambda a: {"repositories": [], "id": "x"},
+    "gcp:artifactregistry/getDockerImages:getDockerImages": lambda a: {"dockerImages": [], "id": "x"},
     "aws:index/getPartition:getPartition": lambda a: {"partition": "aws", "dnsSuffix": "amazonaws.com", "id": "aws"},
     "aws:index/getRegion:getRegion": lambda a: {"name": a.get("name", "us-east-1"), "region": a.get("region", "us-east-1"), "id": "us-east-1"},
     "aws:eks/getAddonVersion:getAddonVersion": lambda a: {

@@ -55,6 +55,7 @@ class Registered:
     provider: str = ""
     dependencies: list[str] = field(default_factory=list)
     ignore_changes: list[str] = field(default_factory=list)
+    retain_on_delete: bool = False
 
     @property
     def is_kubernetes_object(self) -> bool:
@@ -198,6 +199,7 @@ class _RecordingMonitor(pmocks.MockMonitor):
                     provider=request.provider,
                     dependencies=list(request.dependencies),
                     ignore_changes=list(request.ignoreChanges),
+                    retain_on_delete=bool(request.retainOnDelete),
                 )
             )
         return resp

@@ -15,15 +15,16 @@ from . import config, pins
 from .cgroups import CgroupGc, CgroupResolver, find_cgroup2_mount
 from .libbpf import route_log_to_logging
 from .metrics import AgentCollector
-from .programs import CudaLat, TcpBackpressure, Unit
+from .cudalat import CudaLat
+from .programs import TcpBackpressure, Unit
 from .sockredir import SockRedir
 
 BTF = "/sys/kernel/btf/vmlinux"
 
 log = logging.getLogger("agent")
 ALLOW_REFRESH_SECONDS = 10.0
-"""How often sockredir's allow-list follows new and deleted pod cgroups, and idle sockets whose
-pair went back to TCP leave the sockhash."""
+"""How often sockredir's allow-list follows new and deleted pod cgroups, and older maps whose last
+socket closed lose their pins."""
 
 
 def build_units(s: config.Settings, cgroup_path: str) -> list[Unit]:
@@ -34,7 +35,8 @@ def build_units(s: config.Settings, cgroup_path: str) -> list[Unit]:
                                allow_clients=s.allow_clients, **common))
     if "cudalat" in s.programs:
         units.append(CudaLat(name="cudalat", libraries=s.cuda_libs,
-                             scan_proc=s.proc_dir if s.cuda_scan else None, **common))
+                             scan_proc=s.proc_dir if s.cuda_scan else None, sample_fraction=s.cuda_sample_fraction,
+                             sample_period_s=s.cuda_sample_period_seconds, rescan_s=s.cuda_rescan_seconds, **common))
     if "tcpbp" in s.programs:
         units.append(TcpBackpressure(name="tcpbp", mode=s.tcpbp_mode,
                                      threshold_pct=s.tcpbp_threshold_pct, **common))
@@ -115,23 +117,23 @@ def main(argv: list[str] | None = None) -> int:
             log.info("program %s loaded", u.name)
         if isinstance(u, SockRedir) and u.loaded:
             u.refresh_allow(allow_resolver)
+    # cudalat's sampler thread opens and closes its windows and rescans for CUDA libraries.
+    samplers = [threading.Thread(target=u.run, args=(stop,), name=f"{u.name}-sampler", daemon=True)
+                for u in units if isinstance(u, CudaLat) and u.obj is not None]
+    for t in samplers:
+        t.start()
     gc = CgroupGc(CgroupResolver(cgroup_path, s.containers_log_dir, s.pods_log_dir), units)
-    tick = min(s.cuda_rescan_seconds, s.cgroup_gc_seconds, ALLOW_REFRESH_SECONDS)
-    last_rescan = last_gc = time.monotonic()
+    tick = min(s.cgroup_gc_seconds, ALLOW_REFRESH_SECONDS)
+    last_gc = time.monotonic()
     try:
         while not stop.wait(tick):
             now = time.monotonic()
             for u in units:
                 if isinstance(u, SockRedir) and u.loaded:
                     try:
-                        u.tick(allow_resolver)  # pods come and go; pairs go back to TCP
+                        u.tick(allow_resolver)  # pods come and go; older maps' pins go when empty
                     except OSError as e:  # retried next time; metrics keep flowing
                         log.warning("sockredir tick: %s", e)
-            if now - last_rescan >= s.cuda_rescan_seconds:
-                last_rescan = now
-                for u in units:
-                    if isinstance(u, CudaLat) and u.obj is not None:
-                        u.rescan()
             if now - last_gc >= s.cgroup_gc_seconds:
                 last_gc = now
                 try:
@@ -139,6 +141,9 @@ def main(argv: list[str] | None = None) -> int:
                 except OSError as e:  # a failed pass is retried next time; metrics keep flowing
                     log.warning("cgroup gc: %s", e)
     finally:
+        stop.set()
+        for t in samplers:
+            t.join(30)
         for u in units:
             u.stop()
         server.shutdown()

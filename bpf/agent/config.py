@@ -26,6 +26,8 @@ class Settings:
     cuda_libs: tuple[str, ...]
     cuda_scan: bool
     cuda_rescan_seconds: float
+    cuda_sample_fraction: float
+    cuda_sample_period_seconds: float
     cgroup_gc_seconds: float
     proc_dir: str
     tcpbp_mode: str
@@ -68,6 +70,26 @@ def _positive_seconds(value: str) -> float:
         raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds") from None
     if not v > 0 or v != v or v == float("inf"):
         raise argparse.ArgumentTypeError(f"{value}; allowed: a number of seconds > 0")
+    return v
+
+
+def _fraction(value: str) -> float:
+    try:
+        v = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number; allowed: 0.01 to 1") from None
+    if not 0.01 <= v <= 1:  # NaN fails too
+        raise argparse.ArgumentTypeError(f"{value}; allowed: 0.01 to 1 (1: probes always attached)")
+    return v
+
+
+def _period(value: str) -> float:
+    try:
+        v = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds; allowed: 1 to 3600") from None
+    if not 1 <= v <= 3600:
+        raise argparse.ArgumentTypeError(f"{value}; allowed: 1 to 3600 seconds")
     return v
 
 
@@ -128,6 +150,8 @@ FLAGS = [
     ("--cuda-libs", _csv, "", "Comma list of libcudart.so*/libcuda.so* paths to probe in addition to the /proc scan."),
     ("--cuda-scan", _bool, "true", "Scan /proc/*/maps for mapped libcudart.so*/libcuda.so* (needs hostPID)."),
     ("--cuda-rescan-seconds", _positive_seconds, "30", "How often to rescan /proc for new CUDA libraries."),
+    ("--cuda-sample-fraction", _fraction, "0.1", "Share of time (0.01..1) the CUDA uprobes are attached: they are attached in windows of this share of each sampling period and detached between them (a uprobe costs its trap even when it counts nothing); 1 keeps them attached."),
+    ("--cuda-sample-period-seconds", _period, "30", "Sampling period (1..3600 s): one window opens every this many seconds."),
     ("--cgroup-gc-seconds", _positive_seconds, "300", "How often to drop map entries of deleted cgroups (after two walks agree)."),
     ("--proc-dir", str, "/proc", "procfs to scan (the host's, with hostPID)."),
     ("--tcpbp-mode", _choice("auto", "fentry", "tracepoint"), "auto", "auto (fentry, else tracepoint), fentry or tracepoint."),
@@ -168,6 +192,7 @@ def parse(argv: list[str] | None = None, environ: dict[str, str] | None = None) 
         bpf_dir=a.bpf_dir, programs=a.programs, ports=a.ports, cgroup_path=a.cgroup_path,
         pin_dir=a.pin_dir, unpin_on_exit=a.unpin_on_exit, metrics_addr=a.metrics_addr,
         metrics_port=a.metrics_port, allow_clients=a.allow_clients, cuda_libs=tuple(a.cuda_libs), cuda_scan=a.cuda_scan,
-        cuda_rescan_seconds=a.cuda_rescan_seconds, cgroup_gc_seconds=a.cgroup_gc_seconds, proc_dir=a.proc_dir, tcpbp_mode=a.tcpbp_mode,
+        cuda_rescan_seconds=a.cuda_rescan_seconds, cuda_sample_fraction=a.cuda_sample_fraction,
+        cuda_sample_period_seconds=a.cuda_sample_period_seconds, cgroup_gc_seconds=a.cgroup_gc_seconds, proc_dir=a.proc_dir, tcpbp_mode=a.tcpbp_mode,
         tcpbp_threshold_pct=a.tcpbp_threshold_pct, containers_log_dir=a.containers_log_dir,
         pods_log_dir=a.pods_log_dir, log_level=a.log_level)

@@ -57,6 +57,47 @@ def build_id(data: bytes) -> bytes:
     return b""
 
 
+def symbol_offsets(path: str, names: set[str] | frozenset[str]) -> dict[str, int]:
+    """{name: file offset} of the defined functions among `names` in a 64-bit little-endian ELF
+    shared library's .dynsym (what a uprobe needs: the offset in the file, not the address; libbpf
+    computes the same, `elf_sym_offset`). Names it does not define are absent."""
+    with open(path, "rb") as f:
+        head = f.read(64)
+        if head[:4] != b"\x7fELF" or head[4] != 2 or head[5] != 1:
+            raise ValueError(f"{path}: not a 64-bit little-endian ELF file")
+        phoff, shoff = struct.unpack_from("<QQ", head, 0x20)
+        phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", head, 0x36)
+        f.seek(phoff)
+        ph = f.read(phentsize * phnum)
+        loads = []
+        for i in range(phnum):
+            p_type, _flags, p_offset, p_vaddr, _pa, p_filesz = struct.unpack_from("<IIQQQQ", ph, i * phentsize)
+            if p_type == 1:  # PT_LOAD
+                loads.append((p_vaddr, p_filesz, p_offset))
+        f.seek(shoff)
+        sh = f.read(shentsize * shnum)
+        sections = [struct.unpack_from("<IIQQQQIIQQ", sh, i * shentsize) for i in range(shnum)]
+        out: dict[str, int] = {}
+        for _name, sh_type, _fl, _addr, offset, size, link, _info, _align, entsize in sections:
+            if sh_type != 11 or not entsize:  # SHT_DYNSYM
+                continue
+            f.seek(offset)
+            syms = f.read(size)
+            f.seek(sections[link][4])
+            strtab = f.read(sections[link][5])
+            for j in range(size // entsize):
+                st_name, st_info, _other, st_shndx, st_value, _size = struct.unpack_from("<IBBHQQ", syms, j * entsize)
+                if st_shndx == 0 or st_info & 0xF != 2 or not st_value:  # undefined, or not STT_FUNC
+                    continue
+                name = strtab[st_name:strtab.index(b"\0", st_name)].decode(errors="replace")
+                if name in names:
+                    for vaddr, filesz, off in loads:
+                        if vaddr <= st_value < vaddr + filesz:
+                            out[name] = st_value - vaddr + off
+                            break
+    return out
+
+
 def identity(path: str) -> tuple[int, bytes]:
     """(inode number, build-id): the same file seen through two overlay mounts has a different
     st_dev but the same inode number and build-id, and a uprobe attaches to the file underneath,

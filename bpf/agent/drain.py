@@ -32,7 +32,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from .libbpf import BPF_MAP_TYPE_HASH, BPF_MAP_TYPE_SOCKHASH, BpfError, Object, PinnedMap, loaded_programs
+from .libbpf import BPF_MAP_TYPE_HASH, BPF_MAP_TYPE_SOCKHASH, BpfError, Object, PinnedMap, _lib
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +45,36 @@ GRACE_SECONDS = 1.0  # SOCKREDIR_EVICT_GRACE_NS in sockredir.h
 KEEP = ("sockredir_allow", "sockredir_learn")  # hash maps that do not route messages
 CLONE_NEWNET = 0x40000000
 _libc = ctypes.CDLL(None, use_errno=True)
+
+
+def loaded_programs() -> list[tuple[int, str, list[int]]]:
+    """(id, name, map ids) of every BPF program loaded on the host (needs CAP_SYS_ADMIN:
+    BPF_PROG_GET_NEXT_ID and BPF_PROG_GET_FD_BY_ID, kernel/bpf/syscall.c)."""
+    out, cur, nxt = [], 0, ctypes.c_uint32()
+    while _lib.bpf_prog_get_next_id(cur, ctypes.byref(nxt)) == 0:
+        cur = nxt.value
+        fd = _lib.bpf_prog_get_fd_by_id(cur)
+        if fd < 0:
+            continue  # unloaded meanwhile
+        try:
+            # struct bpf_prog_info: ... nr_map_ids at 52, map_ids (u64 pointer) at 56, name[16] at 64
+            info = ctypes.create_string_buffer(256)
+            size = ctypes.c_uint32(len(info))
+            if _lib.bpf_obj_get_info_by_fd(fd, info, ctypes.byref(size)):
+                continue
+            name = info.raw[64:80].split(b"\0", 1)[0].decode(errors="replace")
+            n = int.from_bytes(info.raw[52:56], "little")
+            ids = (ctypes.c_uint32 * max(n, 1))()
+            info = ctypes.create_string_buffer(256)
+            info[52:56] = n.to_bytes(4, "little")
+            info[56:64] = ctypes.addressof(ids).to_bytes(8, "little")
+            size = ctypes.c_uint32(len(info))
+            if _lib.bpf_obj_get_info_by_fd(fd, info, ctypes.byref(size)):
+                continue
+            out.append((cur, name, list(ids[:n])))
+        finally:
+            os.close(fd)
+    return out
 
 
 def netns_paths(proc: str = "/proc") -> list[str]:

@@ -28,6 +28,7 @@ _sig("bpf_object__close", None, _vp)
 _sig("bpf_object__find_program_by_name", _vp, _vp, _cp)
 _sig("bpf_object__find_map_by_name", _vp, _vp, _cp)
 _sig("bpf_program__set_autoload", ctypes.c_int, _vp, ctypes.c_bool)
+_sig("bpf_program__set_expected_attach_type", ctypes.c_int, _vp, ctypes.c_int)
 _sig("bpf_program__fd", ctypes.c_int, _vp)
 _sig("bpf_program__attach", _vp, _vp)
 _sig("bpf_program__attach_cgroup", _vp, _vp, ctypes.c_int)
@@ -64,6 +65,10 @@ _sig("bpf_map_get_fd_by_id", ctypes.c_int, ctypes.c_uint32)
 BPF_SK_MSG_VERDICT = 7
 BPF_MAP_TYPE_HASH = 1
 BPF_MAP_TYPE_SOCKHASH = 18
+BPF_TRACE_UPROBE_MULTI = 48
+BPF_F_UPROBE_MULTI_RETURN = 1
+BPF_LINK_CREATE = 28  # enum bpf_cmd
+_SYS_BPF = {"x86_64": 321, "aarch64": 280}.get(os.uname().machine)
 
 
 class BpfError(OSError):
@@ -84,36 +89,6 @@ class _UprobeOpts(ctypes.Structure):
         ("retprobe", ctypes.c_bool),
         ("func_name", ctypes.c_char_p),
     ]
-
-
-def loaded_programs() -> list[tuple[int, str, list[int]]]:
-    """(id, name, map ids) of every BPF program loaded on the host (needs CAP_SYS_ADMIN:
-    BPF_PROG_GET_NEXT_ID and BPF_PROG_GET_FD_BY_ID, kernel/bpf/syscall.c)."""
-    out, cur, nxt = [], 0, ctypes.c_uint32()
-    while _lib.bpf_prog_get_next_id(cur, ctypes.byref(nxt)) == 0:
-        cur = nxt.value
-        fd = _lib.bpf_prog_get_fd_by_id(cur)
-        if fd < 0:
-            continue  # unloaded meanwhile
-        try:
-            # struct bpf_prog_info: ... nr_map_ids at 52, map_ids (u64 pointer) at 56, name[16] at 64
-            info = ctypes.create_string_buffer(256)
-            size = ctypes.c_uint32(len(info))
-            if _lib.bpf_obj_get_info_by_fd(fd, info, ctypes.byref(size)):
-                continue
-            name = info.raw[64:80].split(b"\0", 1)[0].decode(errors="replace")
-            n = int.from_bytes(info.raw[52:56], "little")
-            ids = (ctypes.c_uint32 * max(n, 1))()
-            info = ctypes.create_string_buffer(256)
-            info[52:56] = n.to_bytes(4, "little")
-            info[56:64] = ctypes.addressof(ids).to_bytes(8, "little")
-            size = ctypes.c_uint32(len(info))
-            if _lib.bpf_obj_get_info_by_fd(fd, info, ctypes.byref(size)):
-                continue
-            out.append((cur, name, list(ids[:n])))
-        finally:
-            os.close(fd)
-    return out
 
 
 # libbpf's messages (verifier logs, attach errors) go to Python logging, not to raw stderr.
@@ -144,10 +119,12 @@ def num_possible_cpus() -> int:
 
 
 class Link:
-    """A bpf_link (destroyed on detach) or a legacy prog->target attachment (detached)."""
+    """A bpf_link (destroyed on detach), a link fd made with BPF_LINK_CREATE (closed), or a legacy
+    prog->target attachment (detached)."""
 
-    def __init__(self, name: str, ptr: int | None = None, legacy: tuple[int, int, int] | None = None):
-        self.name, self._ptr, self._legacy = name, ptr, legacy
+    def __init__(self, name: str, ptr: int | None = None, legacy: tuple[int, int, int] | None = None,
+                 fd: int | None = None):
+        self.name, self._ptr, self._legacy, self._fd = name, ptr, legacy, fd
 
     def pin(self, path: str) -> None:
         """Pin in bpffs: the attachment then outlives this process (destroy() only closes our fd)."""
@@ -162,6 +139,32 @@ class Link:
         if self._legacy:
             _lib.bpf_prog_detach2(*self._legacy)
             self._legacy = None
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+class _UprobeMultiAttr(ctypes.Structure):
+    # union bpf_attr's link_create with its uprobe_multi member (include/uapi/linux/bpf.h, Linux
+    # 6.6+; checked against this kernel's BTF in tests/kernel/test_cudalat_sampling.py).
+    _fields_ = [
+        ("prog_fd", ctypes.c_uint32),
+        ("target_fd", ctypes.c_uint32),
+        ("attach_type", ctypes.c_uint32),
+        ("flags", ctypes.c_uint32),
+        ("path", ctypes.c_uint64),
+        ("offsets", ctypes.c_uint64),
+        ("ref_ctr_offsets", ctypes.c_uint64),
+        ("cookies", ctypes.c_uint64),
+        ("cnt", ctypes.c_uint32),
+        ("multi_flags", ctypes.c_uint32),
+        ("pid", ctypes.c_uint32),
+        ("pad", ctypes.c_uint32),
+    ]
+
+
+_libc_bpf = ctypes.CDLL(None, use_errno=True)
+_libc_bpf.syscall.restype = ctypes.c_long
 
 
 class Map:
@@ -347,6 +350,31 @@ class Program:
         if err:
             _raise(f"attach {self.name} to map {m.name}", err)
         return Link(self.name, legacy=(self.fd, m.fd, attach_type))
+
+    def set_expected_attach_type(self, attach_type: int) -> None:
+        err = _lib.bpf_program__set_expected_attach_type(self._ptr, attach_type)
+        if err:
+            _raise(f"expected attach type of {self.name}", err)
+
+    def attach_uprobe_multi(self, binary: str, offsets: list[int], cookies: list[int], retprobe: bool) -> Link:
+        """One link holding a uprobe (or uretprobe) at each file offset, each with its cookie, in
+        every process (BPF_LINK_CREATE with BPF_TRACE_UPROBE_MULTI, Linux 6.6+; libbpf 1.1 has no
+        wrapper). The program must have been loaded with that expected attach type. Closing the link
+        unregisters all of them with one wait for the kernel's grace periods, where a link per
+        uprobe waits once each."""
+        if _SYS_BPF is None:
+            raise BpfError(38, f"attach {self.name}: bpf() syscall number unknown for {os.uname().machine}")
+        path = ctypes.create_string_buffer(binary.encode())
+        offs = (ctypes.c_uint64 * len(offsets))(*offsets)
+        cks = (ctypes.c_uint64 * len(cookies))(*cookies)
+        attr = _UprobeMultiAttr(prog_fd=self.fd, attach_type=BPF_TRACE_UPROBE_MULTI,
+                                path=ctypes.addressof(path), offsets=ctypes.addressof(offs),
+                                cookies=ctypes.addressof(cks), cnt=len(offsets),
+                                multi_flags=BPF_F_UPROBE_MULTI_RETURN if retprobe else 0)
+        fd = _libc_bpf.syscall(_SYS_BPF, BPF_LINK_CREATE, ctypes.byref(attr), ctypes.sizeof(attr))
+        if fd < 0:
+            _raise(f"attach {self.name} to {binary} ({len(offsets)} uprobe{'s' if len(offsets) != 1 else ''})")
+        return Link(f"{self.name}:{binary}", fd=int(fd))
 
     def attach_uprobe(self, binary: str, symbol: str, retprobe: bool, cookie: int, pid: int = -1) -> Link:
         opts = _UprobeOpts(sz=ctypes.sizeof(_UprobeOpts), bpf_cookie=cookie, retprobe=retprobe,

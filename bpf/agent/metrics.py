@@ -9,7 +9,8 @@ from typing import Iterable, Sequence
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from .cgroups import CgroupResolver
-from .programs import BLOCKING_CALLS, CudaLat, TcpBackpressure, Unit
+from .cudalat import BLOCKING_CALLS, CudaLat
+from .programs import TcpBackpressure, Unit
 from .sockredir import LEARNED_REASONS, REASONS, SockRedir, reasons
 
 log = logging.getLogger(__name__)
@@ -26,7 +27,8 @@ FIRST_SLOT, LAST_SLOT = 9, 34
 # Names the reference articles use -> how to get them from what the agent exports.
 REFERENCE_ALIASES = {
     "ebpf_cuda_launch_latency_us":
-        'ebpf_cuda_call_enqueue_seconds{call="cudaLaunchKernel"} (histogram in seconds; x 1e6 for us)',
+        'ebpf_cuda_call_enqueue_seconds{call=~"cuLaunchKernel|cuLaunchKernelEx"} (histogram in seconds, '
+        'probed at the driver, in sampling windows; x 1e6 for us)',
     "ebpf_socket_backpressure_ratio":
         "sum by (namespace, pod) (rate(ebpf_tcp_send_backpressure_total[5m]))"
         " / sum by (namespace, pod) (rate(ebpf_tcp_send_samples_total[5m]))",
@@ -149,27 +151,7 @@ class AgentCollector:
                                     "Cgroups on sockredir's allow-list now (pods whose sockets may be paired); "
                                     "0 means nothing is accelerated.", value=u.allowed)
         elif isinstance(u, CudaLat):
-            families = {
-                False: HistogramMetricFamily(
-                    "ebpf_cuda_call_enqueue_seconds",
-                    "Host-side duration of CUDA calls that enqueue GPU work (kernel and graph launches, async "
-                    "copies): the ENQUEUE time, not GPU execution time.", labels=WORKLOAD_LABELS + ["call"]),
-                True: HistogramMetricFamily(
-                    "ebpf_cuda_call_blocking_seconds",
-                    "Host-side duration of CUDA calls that block the calling thread (cudaMalloc, "
-                    "cudaStreamSynchronize).", labels=WORKLOAD_LABELS + ["call"]),
-            }
-            merged: dict[tuple, tuple[list[int], int]] = {}
-            for cgid, call, slots, sum_ns in u.histograms():
-                key = self._labels(cgid) + (call,)
-                prev = merged.get(key, ([0] * len(slots), 0))
-                merged[key] = ([a + b for a, b in zip(prev[0], slots)], prev[1] + sum_ns)
-            for key, (slots, sum_ns) in sorted(merged.items()):
-                families[key[-1] in BLOCKING_CALLS].add_metric(list(key), log2_to_cumulative(slots), sum_ns / 1e9)
-            yield families[False]
-            yield families[True]
-            yield GaugeMetricFamily("ebpf_cuda_probes_attached",
-                                    "CUDA uprobes (entry and return) currently attached.", value=u.probes)
+            yield from self._collect_cuda(u)
         elif isinstance(u, TcpBackpressure):
             samples = CounterMetricFamily("ebpf_tcp_send_samples",
                                           "TCP send-path observations, per cgroup. Covers the TCP stack only: sends "
@@ -201,3 +183,47 @@ class AgentCollector:
                                      "Which tcpbp programs are in use: fentry or tracepoint.", labels=["mode"])
             mode.add_metric([u.active_mode], 1)
             yield mode
+
+    def _collect_cuda(self, u: CudaLat) -> Iterable:
+        sampled = ("Counted only inside the agent's sampling windows: ebpf_cuda_sampled_seconds_total says how "
+                   "long they were open (divide a rate by its rate for calls per sampled second).")
+        families = {
+            False: HistogramMetricFamily(
+                "ebpf_cuda_call_enqueue_seconds",
+                "Host-side duration of CUDA calls that enqueue GPU work: the ENQUEUE time, not GPU execution "
+                "time. Kernel and graph launches are probed once, at the driver's entry points in libcuda "
+                "(call cuLaunchKernel, cuLaunchKernelEx, cuGraphLaunch), which see the runtime's, Triton's "
+                "and the libraries' launches alike; async copies at the runtime (cudaMemcpyAsync). " + sampled,
+                labels=WORKLOAD_LABELS + ["call"]),
+            True: HistogramMetricFamily(
+                "ebpf_cuda_call_blocking_seconds",
+                "Host-side duration of CUDA calls that block the calling thread (the runtime's cudaMalloc, "
+                "cudaStreamSynchronize). " + sampled, labels=WORKLOAD_LABELS + ["call"]),
+        }
+        merged: dict[tuple, tuple[list[int], int]] = {}
+        for cgid, call, slots, sum_ns in u.histograms():
+            key = self._labels(cgid) + (call,)
+            prev = merged.get(key, ([0] * len(slots), 0))
+            merged[key] = ([a + b for a, b in zip(prev[0], slots)], prev[1] + sum_ns)
+        for key, (slots, sum_ns) in sorted(merged.items()):
+            families[key[-1] in BLOCKING_CALLS].add_metric(list(key), log2_to_cumulative(slots), sum_ns / 1e9)
+        yield families[False]
+        yield families[True]
+        yield CounterMetricFamily("ebpf_cuda_sampled_seconds",
+                                  "Seconds the CUDA probes were attached and counting (the sampling windows, "
+                                  "the open one so far included): the time the CUDA histograms cover.",
+                                  value=u.sampled_seconds())
+        yield CounterMetricFamily("ebpf_cuda_sample_windows", "Sampling windows opened.", value=u.windows)
+        yield GaugeMetricFamily("ebpf_cuda_sample_fraction",
+                                "Share of time the CUDA probes are attached (the configured duty cycle; 1: always).",
+                                value=u.sample_fraction)
+        yield GaugeMetricFamily("ebpf_cuda_sample_period_seconds",
+                                "One sampling window opens every this many seconds.", value=u.sample_period_s)
+        yield GaugeMetricFamily("ebpf_cuda_probes_attached",
+                                "CUDA uprobes (entry and return) attached now; 0 between sampling windows.",
+                                value=u.probes)
+        mode = GaugeMetricFamily("ebpf_cuda_attach_mode_info",
+                                 "How the CUDA uprobes are attached: uprobe_multi (one link per library, Linux 6.6+) "
+                                 "or perf (one link per probe; a window's end then takes longer).", labels=["mode"])
+        mode.add_metric([u.active_mode], 1)
+        yield mode

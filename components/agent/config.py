@@ -13,6 +13,12 @@ from components.config_types import Base, Port
 SOCKREDIR_MAX_PORTS = 16
 """The agent's sockredir port table holds at most 16 ports (`bpf/sockredir.h`, `bpf/agent/programs.py`)."""
 
+MIN_SAMPLE_FRACTION = 0.01
+"""The agent's --cuda-sample-fraction floor (`bpf/agent/config.py`)."""
+SAMPLE_PERIOD_RANGE = (10, 60)
+"""Seconds; the upper bound keeps at least five windows in CudaLaunchStall's 5-minute range
+(`components/serving/alerts.py` CUDA_ALERT_RANGE)."""
+
 _CUDA_LIB = re.compile(r"^/(?!.*(/\.\.?/|,))[^\s,]*/lib(cudart|cuda)\.so(\.[0-9]+)*$")
 _SECCOMP_PROFILE = re.compile(r"^(?!/)(?!.*\.\.)[-\w./]+\.json$")
 
@@ -44,6 +50,29 @@ class CudaUprobesConfig(Base):
     without hostPID and SYS_PTRACE (each file is mounted read-only into the agent)."""
     rescan_seconds: int = Field(30, ge=5, le=3600)
     """How often the /proc scan looks for newly started CUDA processes."""
+    sample_fraction: float = 0.1
+    """Share of time the probes are attached (0.01 to 1). A uprobe costs its trap on every call even
+    when it counts nothing, so the agent attaches the probes in windows of this share of each
+    sampling period and detaches them in between; the histograms cover only the windows
+    (`ebpf_cuda_sampled_seconds_total`). 1 keeps them attached (every launch pays a probe pair)."""
+    sample_period_seconds: int = 30
+    """One sampling window opens every this many seconds (10 to 60): at most 60, so that the
+    CudaLaunchStall alert's 5-minute range always holds at least five windows."""
+
+    @field_validator("sample_fraction")
+    @classmethod
+    def _fraction(cls, v: float) -> float:
+        if not MIN_SAMPLE_FRACTION <= v <= 1:  # NaN fails too
+            raise ValueError(f"{v}; allowed: {MIN_SAMPLE_FRACTION} to 1 (share of time the CUDA probes are attached)")
+        return v
+
+    @field_validator("sample_period_seconds")
+    @classmethod
+    def _period(cls, v: int) -> int:
+        if not SAMPLE_PERIOD_RANGE[0] <= v <= SAMPLE_PERIOD_RANGE[1]:
+            raise ValueError(f"{v}; allowed: {SAMPLE_PERIOD_RANGE[0]} to {SAMPLE_PERIOD_RANGE[1]} seconds (the "
+                             f"CudaLaunchStall alert's range must hold several sampling windows)")
+        return v
 
     @field_validator("library_paths")
     @classmethod

@@ -155,6 +155,8 @@ def agent_env(cfg: EbpfAgentConfig, ports: Sequence[int], client_namespaces: Seq
         if libs:
             env["CUDA_LIBS"] = ",".join(libs)
         env["CUDA_RESCAN_SECONDS"] = str(cfg.cuda_uprobes.rescan_seconds)
+        env["CUDA_SAMPLE_FRACTION"] = repr(cfg.cuda_uprobes.sample_fraction)
+        env["CUDA_SAMPLE_PERIOD_SECONDS"] = str(cfg.cuda_uprobes.sample_period_seconds)
         env["PROC_DIR"] = "/proc"
     if "tcpbp" in programs:
         env["TCPBP_MODE"] = cfg.tcp_backpressure.mode

@@ -25,7 +25,11 @@ from components.aws.eks import (
     SYSTEM_NODE_LABEL,
     SYSTEM_NODE_METADATA_OPTIONS,
     check_cni_unchanged,
+    certificate_authority_from_kubeconfig,
     cni_mode,
+    control_plane_log_group_args,
+    eks_kube_auth,
+    EKS_SCRAPE_TARGETS,
     coredns_configuration,
     eks_cluster_settings,
     endpoint_from_kubeconfig,
@@ -37,9 +41,10 @@ from components.aws.names import iam_role_name
 from components.aws.network import nat_gateway_count, subnet_layout
 from components.aws.cilium import Cilium, CiliumArgs
 from components.platform.cluster_handle import GPU_TOLERATION, POOL_LABEL, ClusterHandle, pool_info
-from components.aws.config import AwsCluster
+from components.aws.config import AwsCluster, region_partition
+from components.aws.admin_access import EksAdminAccess, EksAdminAccessArgs
 from components.config_loader import ConfigError
-from components.config_types import Environment
+from components.config_types import Cidr, Environment
 from components.aws.karpenter import Karpenter, KarpenterArgs
 from components.aws.device_plugin import (
     DEVICE_PLUGIN_CHART,
@@ -56,6 +61,8 @@ class AwsGpuClusterArgs:
     config: AwsCluster
     environment: Environment
     tags: dict[str, str] = field(default_factory=dict)
+    consumer_cidrs: tuple[Cidr, ...] = ()
+    """`api_cidrs` of the consumer teams onboarded on this cluster: admitted to the public endpoint."""
 
 
 class AwsGpuCluster(pulumi.ComponentResource):
@@ -158,6 +165,8 @@ class AwsGpuCluster(pulumi.ComponentResource):
                 enable_key_rotation=True,
                 opts=on_aws,
             )
+        # EKS would create this group itself (no retention, never deleted); the cluster waits for ours.
+        log_group = aws.cloudwatch.LogGroup(f"{name}-control-plane-logs", **control_plane_log_group_args(c), opts=on_aws)
         # Logical name = the cluster name: pulumi-eks auto-names its EKS service role
         # `<logical>-eksRole-role-<7 hex>`, which a `-eks` suffix would push past IAM's 64 characters.
         self.cluster = eks.Cluster(
@@ -168,11 +177,12 @@ class AwsGpuCluster(pulumi.ComponentResource):
             encryption_config_key_arn=kms_key.arn if kms_key else None,
             tags=tags,
             cluster_tags={CNI_TAG: cni},
-            **eks_cluster_settings(c),
+            **eks_cluster_settings(c, args.consumer_cidrs),
             opts=pulumi.ResourceOptions.merge(
                 child,
                 pulumi.ResourceOptions(
-                    providers={"aws": aws_provider}, aliases=[pulumi.Alias(name=f"{name}-eks")], depends_on=guarded.depends_on
+                    providers={"aws": aws_provider}, aliases=[pulumi.Alias(name=f"{name}-eks")],
+                    depends_on=[*guarded.depends_on, log_group],
                 ),
             ),
         )
@@ -190,6 +200,11 @@ class AwsGpuCluster(pulumi.ComponentResource):
             opts=on_aws,
         )
         provider = k8s.Provider(f"{name}-k8s", kubeconfig=kubeconfig, opts=child)
+        if c.admin_principal_arns:
+            # Other administrators (a CI role after a laptop's first `up`, people): components/aws/admin_access.py.
+            EksAdminAccess(f"{name}-admins", EksAdminAccessArgs(
+                cluster_name=cluster_name, principal_arns=list(c.admin_principal_arns),
+                partition=region_partition(c.region), aws_provider=aws_provider), opts=child)
         on_k8s = pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(provider=provider))
 
         # --- system node role (the node group itself waits for the CNI below) -----------------
@@ -318,6 +333,10 @@ class AwsGpuCluster(pulumi.ComponentResource):
             interruption_queue_arn=queue_arn,
             native=self.cluster,
             ready_after=cluster_ready,
+            account=aws.get_caller_identity_output(opts=pulumi.InvokeOutputOptions(provider=aws_provider)).account_id,
+            certificate_authority=pulumi.Output.unsecret(self.cluster.kubeconfig_json).apply(certificate_authority_from_kubeconfig),
+            kube_auth=eks_kube_auth(c),
+            scrape_targets=EKS_SCRAPE_TARGETS,
             extras={
                 "vpc_id": vpc.id,
                 "private_subnet_ids": private_ids,

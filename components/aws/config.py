@@ -4,6 +4,7 @@ the GPU pools (Karpenter NodePools)."""
 from __future__ import annotations
 
 import ipaddress
+import re
 from typing import Annotated, Literal
 
 from pydantic import ConfigDict, Field, StringConstraints, field_validator, model_validator
@@ -96,6 +97,14 @@ class AwsGpuPool(GpuPoolBase):
         names = {t.name for t in cat.aws_types_in_families(self.instance_families)}
         names |= set(self.instance_types_allowed)
         return [cat.aws[n] for n in sorted(names)]
+
+    @property
+    def node_disk_gib(self) -> float:
+        """The kubelet's ephemeral storage on the pool's smallest node, in GiB: the NVMe RAID0 (the
+        catalog's `local_nvme_gb`, GB) with `instance-store`, else the root volume."""
+        if self.model_cache == "instance-store":
+            return min(t.local_nvme_gb for t in self.instance_types) * 1e9 / 2**30
+        return float(self.root_volume_gib)
 
 
 class AwsNetwork(Base):
@@ -216,8 +225,34 @@ class KarpenterConfig(Base):
     AWS's recommended AMI and is refused in prod."""
 
 
+CLOUDWATCH_RETENTION_DAYS = (1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192, 2557,
+                             2922, 3288, 3653)
+"""What CloudWatch Logs accepts as a log group's retention (`PutRetentionPolicy`; pulumi-aws 7.51.1
+`cloudwatch.LogGroup.retention_in_days`: "Possible values are: 1, 3, 5, ... 3653, and 0", where 0 keeps
+events forever, which this stack never sets)."""
+
 CILIUM_CLUSTER_NAME_MAX = 32
 """Cilium's `cluster.name` limit (the EKS cluster name is passed as it)."""
+
+
+ADMIN_ARN = re.compile(r"^arn:(aws|aws-cn|aws-us-gov):iam::[0-9]{12}:(role|user)/([\w+=,.@-]+/)*[\w+=,.@-]{1,128}$")
+r"""An IAM role or user ARN, with an optional path (IAM names: `[\w+=,.@-]`; EKS access entries take
+role ARNs with a path: EKS user guide, "Create access entries")."""
+
+
+def region_partition(region: str) -> str:
+    """The AWS partition of a region: `cn-*` in aws-cn, `us-gov-*` in aws-us-gov, the rest in aws."""
+    return "aws-cn" if region.startswith("cn-") else "aws-us-gov" if region.startswith("us-gov-") else "aws"
+
+
+def admin_arn_problem(arn: str) -> str | None:
+    if ":sts::" in arn or ":assumed-role/" in arn:
+        return (f"'{arn}' is an STS session, which EKS refuses in an access entry (a temporary principal); "
+                f"allowed: the role's own ARN, arn:<partition>:iam::<account>:role/<name>")
+    if not ADMIN_ARN.match(arn):
+        return (f"'{arn}' is not an IAM role or user ARN; allowed: arn:<aws|aws-cn|aws-us-gov>:iam::<12-digit "
+                f"account>:role/[<path>/]<name> or ...:user/[<path>/]<name>")
+    return None
 
 
 class AwsCluster(Base):
@@ -235,6 +270,10 @@ class AwsCluster(Base):
     """EKS API endpoint access."""
     secrets_encryption: bool = True
     """Encrypt Kubernetes secrets with a KMS key."""
+    control_plane_log_retention_days: int = 90
+    """Days CloudWatch keeps the control-plane logs (api, audit, authenticator) in the stack's own log
+    group `/aws/eks/<name>/cluster`, which `destroy` deletes (docs/aws.md, "Nothing billed after
+    destroy"). One of CloudWatch's retention values: 1, 3, 5, 7, 14, 30, 60, 90, 120, ... 3653."""
     system_node_group: SystemNodeGroup = SystemNodeGroup()
     """The on-demand managed node group for controllers."""
     cilium: CiliumConfig = CiliumConfig()
@@ -245,16 +284,50 @@ class AwsCluster(Base):
     """NUMA kubelet settings of the GPU nodes (nodeadm NodeConfig)."""
     gpu_pools: list[AwsGpuPool] = Field(min_length=1)
     """GPU pools: a spot (or on-demand) NodePool each, plus an on-demand fallback."""
+    admin_principal_arns: list[str] = Field(default_factory=list, max_length=20)
+    """IAM roles and users that administer the cluster besides the identity that created it (EKS access
+    entries with `AmazonEKSClusterAdminPolicy`, cluster scope): the CI deploy role, and people, so that
+    any of them can run the next `pulumi up` (the cluster authenticates with access entries only, and
+    its creator is its only admin otherwise). Role ARNs may carry a path; not the creator's own ARN (it
+    already has an entry, and a principal takes one entry only), not an STS session ARN."""
 
     @property
     def spot_notice_s(self) -> int:
         return AWS_SPOT_NOTICE_S
 
+    @field_validator("control_plane_log_retention_days")
+    @classmethod
+    def _cloudwatch_retention(cls, v: int) -> int:
+        if v not in CLOUDWATCH_RETENTION_DAYS:
+            raise ValueError(
+                f"{v} is not a CloudWatch Logs retention; allowed: {', '.join(map(str, CLOUDWATCH_RETENTION_DAYS))}"
+            )
+        return v
+
     def cidrs(self) -> dict[str, Cidr]:
         return {"network.vpc_cidr": self.network.vpc_cidr}
 
+    @field_validator("admin_principal_arns")
+    @classmethod
+    def _admin_arns(cls, v: list[str]) -> list[str]:
+        for i, arn in enumerate(v):
+            problem = admin_arn_problem(arn)
+            if problem:
+                raise ValueError(f"[{i}]: {problem}")
+        dupes = sorted({a for a in v if v.count(a) > 1})
+        if dupes:
+            raise ValueError(f"{dupes} listed twice; allowed: each principal once (EKS takes one access entry per principal)")
+        return v
+
     @model_validator(mode="after")
     def _aws_rules(self):
+        partition = region_partition(self.region)
+        for i, arn in enumerate(self.admin_principal_arns):
+            if arn.split(":")[1] != partition:
+                raise ValueError(
+                    f"admin_principal_arns[{i}]: '{arn}' is in partition '{arn.split(':')[1]}' but the cluster's "
+                    f"region {self.region} is in '{partition}'; allowed: arn:{partition}:iam::<account>:role/<name>"
+                )
         if self.cilium.enabled and len(self.name) > CILIUM_CLUSTER_NAME_MAX:
             # The name becomes Cilium's `cluster.name`, which the agent refuses above 32 characters
             # (cilium pkg/clustermesh/types/option.go: "at most 32 lower case alphanumeric characters").

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Sequence
 
 from components.aws.config import AwsCluster
 from components.config_loader import ConfigError
+from components.config_types import Cidr
+from components.consumer_rules import eks_public_access_cidrs
 from components.aws.karpenter_specs import CILIUM_STARTUP_TAINT
+from components.platform.cluster_handle import ScrapeTargets
 
 CLUSTER_LOG_TYPES = ["api", "audit", "authenticator"]
 CNI_TAG = "gpuinfra.io/cni"
@@ -16,8 +19,26 @@ creation-only, so this is the only place the choice can be read back from)."""
 SYSTEM_NODE_LABEL = {"gpuinfra.io/node-role": "system"}
 
 
-def eks_cluster_settings(c: AwsCluster) -> dict[str, Any]:
+def control_plane_log_group_args(c: AwsCluster) -> dict[str, Any]:
+    """The CloudWatch log group EKS writes the control-plane logs to, created by the stack first.
+
+    EKS sends each enabled log type to the group `/aws/eks/<cluster>/cluster` (EKS user guide, "Send
+    control plane logs to CloudWatch Logs", awsdocs/amazon-eks-user-guide
+    latest/ug/observability/control-plane-logs.adoc @7b9bf3d4: "The log group name format is
+    `/aws/eks/my-cluster/cluster`"; ingestion and storage are billed). Left to EKS, the group is
+    created with CloudWatch's default retention (never expire) and is not deleted with the cluster.
+    Owned by the stack and created before the cluster, it has a retention and `destroy` deletes it
+    after the cluster."""
+    return {"name": f"/aws/eks/{c.name}/cluster", "retention_in_days": c.control_plane_log_retention_days}
+
+
+def eks_cluster_settings(c: AwsCluster, consumer_cidrs: Sequence[Cidr] = ()) -> dict[str, Any]:
     """Plain keyword arguments for `eks.Cluster` (networking and keys are wired by the component).
+
+    The public endpoint admits the deployer's `endpoint.public_access_cidrs` and the `api_cidrs` of the
+    consumer teams onboarded here (`consumer_cidrs`): a team in another account reaches the API server
+    from its own network (EKS user guide, "Cluster API server endpoint": public access is limited to
+    `publicAccessCidrs`).
 
     With Cilium on, EKS must not bootstrap aws-node, kube-proxy or CoreDNS
     (`bootstrap_self_managed_addons=False`), and pulumi-eks must not add its own VPC CNI or
@@ -37,7 +58,7 @@ def eks_cluster_settings(c: AwsCluster) -> dict[str, Any]:
         "create_oidc_provider": True,
         "endpoint_private_access": c.endpoint.private_access,
         "endpoint_public_access": c.endpoint.public_access,
-        "public_access_cidrs": [str(n) for n in c.endpoint.public_access_cidrs] if c.endpoint.public_access else None,
+        "public_access_cidrs": eks_public_access_cidrs(c, list(consumer_cidrs)) if c.endpoint.public_access else None,
         "node_associate_public_ip_address": False,
         "enabled_cluster_log_types": list(CLUSTER_LOG_TYPES),
     }
@@ -53,6 +74,41 @@ def endpoint_from_kubeconfig(kubeconfig: str | dict) -> str:
     """The API server URL in a pulumi-eks kubeconfig (the cluster's endpoint)."""
     doc = json.loads(kubeconfig) if isinstance(kubeconfig, str) else kubeconfig
     return doc["clusters"][0]["cluster"]["server"]
+
+
+def certificate_authority_from_kubeconfig(kubeconfig: str | dict) -> str:
+    """The cluster CA (base64 PEM) in a pulumi-eks kubeconfig."""
+    doc = json.loads(kubeconfig) if isinstance(kubeconfig, str) else kubeconfig
+    return doc["clusters"][0]["cluster"]["certificate-authority-data"]
+
+
+EXEC_CREDENTIAL_API = "client.authentication.k8s.io/v1beta1"
+
+
+def eks_kube_auth(c: AwsCluster) -> dict[str, Any]:
+    """How a consumer authenticates to this cluster from any account: `aws eks get-token` with the
+    owning account's cluster name and region. It only presigns an STS `GetCallerIdentity` request
+    carrying the cluster name (`x-k8s-aws-id`) and never looks the cluster up, unlike `aws eks
+    update-kubeconfig`, which describes the cluster in the caller's own account (aws/aws-cli
+    `awscli/customizations/eks/get_token.py` @05c1ed9f; `--region` is the CLI's global option)."""
+    return {
+        "api_version": EXEC_CREDENTIAL_API,
+        "command": "aws",
+        "args": ["eks", "get-token", "--cluster-name", c.name, "--region", c.region, "--output", "json"],
+        "provide_cluster_info": False,
+        "install_hint": "Install the AWS CLI v2: https://docs.aws.amazon.com/cli/latest/userguide/getting-started-install.html",
+    }
+
+
+EKS_SCRAPE_TARGETS = ScrapeTargets(control_plane=False, kube_proxy=False, coredns=True)
+"""What Prometheus can scrape on EKS. The control plane (controller manager, scheduler, etcd) runs in
+AWS's account and is not a pod or host of the cluster (EKS user guide, "Amazon EKS control plane"; the
+API server's metrics stay reachable through the `kubernetes` Service). kube-proxy: none with Cilium's
+kube-proxy replacement (`kube_proxy_addon_options.enabled: false` here); with the VPC CNI, the EKS
+kube-proxy add-on serves metrics on kube-proxy's default `metricsBindAddress` 127.0.0.1:10249, which a
+Prometheus pod cannot reach, and the add-on manager reverts edits to that config (aws/containers-roadmap
+#657; prometheus-community/helm-charts #977 "10249: connect: connection refused" on EKS). CoreDNS is the
+EKS add-on, `k8s-app: kube-dns` pods with metrics on 9153, which the chart's own Service targets."""
 
 
 def system_node_taints(c: AwsCluster) -> list[dict[str, str]]:

@@ -15,7 +15,7 @@ from components.platform.cluster_handle import GPU_TAINT, pool_node_labels
 from components.aws.config import AwsCluster, AwsGpuPool
 from components.node_pools import effective_reserved_cpus, pool_kubelet, pool_reserved_cpus
 from components.aws.disks import CacheDisk, model_cache_disk
-from components.aws.nodeadm import mime_user_data, node_config
+from components.aws.nodeadm import mime_user_data, node_config, spot_notice_installer
 from components.config_types import AWS_SPOT_NOTICE_S
 from components.serving.budget import go_duration, nodepool_termination_grace_s
 
@@ -86,8 +86,12 @@ def pool_reserved_count(cluster: AwsCluster, pool: AwsGpuPool) -> int:
 
 
 def pool_user_data(cluster: AwsCluster, pool: AwsGpuPool) -> str:
-    """MIME user data with the pool's NUMA kubelet NodeConfig."""
-    return mime_user_data(node_config(pool_kubelet(cluster, pool), pool_reserved_cpus(pool)))
+    """MIME user data with the pool's NUMA kubelet NodeConfig; on a spot pool also the kubelet's
+    graceful node shutdown and the spot-notice watcher that starts it without the API server
+    (components/aws/nodeadm.py)."""
+    notice = cluster.spot_notice_s if pool.capacity == "spot" else 0
+    scripts = (spot_notice_installer(),) if notice else ()
+    return mime_user_data(node_config(pool_kubelet(cluster, pool), pool_reserved_cpus(pool), notice), scripts=scripts)
 
 
 def pool_cache_disk(pool: AwsGpuPool) -> CacheDisk:

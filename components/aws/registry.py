@@ -14,7 +14,8 @@ from typing import Optional
 import pulumi
 import pulumi_aws as aws
 
-from components.images.specs import SOURCES, ecr_lifecycle_policy, ecr_repository_name
+from components.images.lookup import ecr_finder
+from components.images.specs import ImageSource, ecr_lifecycle_policy, ecr_repository_name
 from components.options import inherited_depends_on
 from components.platform.registry import ImageRegistry
 
@@ -23,6 +24,8 @@ from components.platform.registry import ImageRegistry
 class EcrRegistryArgs:
     cluster: str
     aws_provider: aws.Provider
+    sources: tuple[ImageSource, ...]
+    """The images this cluster runs (no agent repository where the agent is off)."""
 
 
 def registry_address(proxy_endpoint: str) -> str:
@@ -37,10 +40,11 @@ class EcrRegistry(pulumi.ComponentResource):
         super().__init__("gpuinfra:aws:EcrRegistry", name, None, opts)
         child = pulumi.ResourceOptions(parent=self, provider=args.aws_provider, depends_on=inherited_depends_on(opts))
         repos: dict[str, aws.ecr.Repository] = {}
-        for src in SOURCES:
+        names = {src.role: ecr_repository_name(args.cluster, src) for src in args.sources}
+        for src in args.sources:
             repo = aws.ecr.Repository(
                 f"{name}-{src.repository}",
-                name=ecr_repository_name(args.cluster, src),
+                name=names[src.role],
                 image_tag_mutability="IMMUTABLE",
                 image_scanning_configuration={"scan_on_push": True},
                 encryption_configurations=[{"encryption_type": "AES256"}],
@@ -51,10 +55,11 @@ class EcrRegistry(pulumi.ComponentResource):
             aws.ecr.LifecyclePolicy(f"{name}-{src.repository}-lifecycle", repository=repo.name,
                                     policy=ecr_lifecycle_policy(), opts=child)
             repos[src.role] = repo
-        first = repos[SOURCES[0].role]
+        first = repos[args.sources[0].role]
         token = aws.ecr.get_authorization_token_output(
             registry_id=first.registry_id, opts=pulumi.InvokeOutputOptions(parent=self, provider=args.aws_provider)
         )
+        find = ecr_finder(args.aws_provider)  # the tags already pushed (components/images/lookup.py)
         self.registry = ImageRegistry(
             repositories={role: r.repository_url for role, r in repos.items()},
             credentials={
@@ -63,5 +68,6 @@ class EcrRegistry(pulumi.ComponentResource):
                 "password": pulumi.Output.secret(token.password),
             },
             ready_after=list(repos.values()),
+            held=lambda role, tag: find(names[role], tag),
         )
         self.register_outputs({"repositories": self.registry.repositories})

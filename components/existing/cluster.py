@@ -14,8 +14,9 @@ import pulumi
 import pulumi_kubernetes as k8s
 import yaml
 
-from components.platform.cluster_handle import ClusterHandle, pool_info
-from components.existing.config import ExistingCluster as ExistingClusterConfig, KubeconfigFromStack
+from components.platform.cluster_handle import ClusterHandle, ScrapeTargets, pool_info
+from components.existing.config import ExistingCluster as ExistingClusterConfig, ExistingGpuPool, KubeconfigFromStack
+from components.serving.budget import unbounded_pdb_wait
 
 
 @dataclass(frozen=True)
@@ -54,11 +55,19 @@ class ExistingCluster(pulumi.ComponentResource):
             endpoint=pulumi.Output.from_input(""),
             kubeconfig=kubeconfig,
             oidc_issuer=pulumi.Output.from_input(""),
-            gpu_pools={p.name: pool_info(p, node_selector=dict(p.node_selector), gpu_taint=p.gpu_taint) for p in c.gpu_pools},
+            gpu_pools={p.name: pool_info(p, node_selector=dict(p.node_selector), gpu_taint=p.gpu_taint,
+                                         no_pdb_reason=existing_pool_no_pdb(c, p)) for p in c.gpu_pools},
             spot_notice_s=c.spot_notice_s,
             native=self.stack_reference,
+            scrape_targets=ScrapeTargets(**c.scrape_targets.model_dump()),
         )
         self.register_outputs({"clusterName": self.handle.cluster_name, "kubeconfig": kubeconfig})
+
+
+def existing_pool_no_pdb(c: ExistingClusterConfig, p: ExistingGpuPool) -> Optional[str]:
+    """Why the serving layer must not put a PDB over replicas on `p` (budget.unbounded_pdb_wait)."""
+    grace = p.karpenter.termination_grace_period_s if p.karpenter else None
+    return unbounded_pdb_wait(c.drained_by(p), p.capacity, c.spot_notice_s, grace)
 
 
 def kubeconfig_text(value: Any) -> str:

@@ -1,6 +1,6 @@
 """Pure deciders for how things reach a GKE cluster: the deployer's kubeconfig (DNS-based control-plane
 endpoint, gke-gcloud-auth-plugin with application-default credentials), the firewall rule that lets
-the private control plane call add-on webhooks on the nodes, and the project APIs the stack needs.
+the private control plane call add-on webhooks on the nodes (the project APIs: components/gcp/apis.py).
 
 Argument names match pulumi-gcp 10.2.0 (`container/_inputs.py`: ClusterControlPlaneEndpointsConfig*;
 `compute/firewall.py`; `projects/service.py`).
@@ -12,21 +12,36 @@ import json
 from typing import Any
 
 from components.gcp.config import GcpCluster
+from components.platform.cluster_handle import ScrapeTargets
+
+GKE_SCRAPE_TARGETS = ScrapeTargets(control_plane=False, kube_proxy=False, coredns=False)
+"""What Prometheus can scrape on GKE: the control plane is Google-managed, not pods of the cluster
+(GKE "Cluster architecture"); Dataplane V2 (`ADVANCED_DATAPATH`) replaces kube-proxy, so there is none
+(GKE "About Dataplane V2"); and GKE's DNS is kube-dns, not CoreDNS, so nothing serves CoreDNS's 9153
+(rancher/rancher #28942: "there is no CoreDNS, but kubeDNS in the GKE cluster")."""
 
 PRIVATE_CLUSTER_DEFAULT_PORTS = (443, 10250)
 """What GKE's own firewall rule lets the control plane reach on the nodes of a private cluster (GKE
 "Add firewall rules for specific use cases" in the private cluster how-to); anything else an add-on
 serves to the API server (webhooks, aggregated APIs) needs its own rule."""
 
-PROJECT_SERVICES = ("compute.googleapis.com", "container.googleapis.com")
-"""The APIs the stack's resources live in: VPC, router, NAT and firewall (Compute Engine); the
-cluster and its node pools (GKE)."""
-
 AUTH_PLUGIN = "gke-gcloud-auth-plugin"
 AUTH_PLUGIN_ARGS = ("--use_application_default_credentials",)
 """The plugin reads Application Default Credentials instead of the gcloud CLI's own login, so a CI
 job with ADC or workload identity federation authenticates (kubernetes/cloud-provider-gcp
 cmd/auth-provider-gcp / gke-gcloud-auth-plugin flag `--use_application_default_credentials`)."""
+
+
+def gke_kube_auth() -> dict[str, Any]:
+    """How a consumer authenticates to the DNS endpoint: the same plugin as the deployer, with the
+    caller's own application-default credentials."""
+    return {
+        "api_version": "client.authentication.k8s.io/v1beta1",
+        "command": AUTH_PLUGIN,
+        "args": list(AUTH_PLUGIN_ARGS),
+        "provide_cluster_info": True,
+        "install_hint": "Install gke-gcloud-auth-plugin: gcloud components install gke-gcloud-auth-plugin",
+    }
 
 
 def control_plane_endpoints_config() -> dict[str, Any]:

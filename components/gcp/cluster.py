@@ -15,6 +15,7 @@ import pulumi_gcp as gcp
 import pulumi_kubernetes as k8s
 
 from components.gcp import access, specs as spec
+from components.gcp.apis import CLUSTER_APIS, api_service_name
 from components.platform.cluster_handle import ClusterHandle, GpuPoolInfo, pool_info
 from components.config_types import Environment
 from components.gcp.config import GcpCluster
@@ -47,13 +48,13 @@ class GcpGpuCluster(pulumi.ComponentResource):
         c, tags = args.config, args.tags
 
         # Enabled, never disabled on destroy: other workloads in the project may use them.
-        self.project_services = [
-            gcp.projects.Service(
-                f"{name}-api-{svc.split('.')[0]}", project=c.project, service=svc, disable_on_destroy=False, opts=child
+        self.project_services = {
+            api: gcp.projects.Service(
+                f"{name}-api-{api_service_name(api)}", project=c.project, service=api, disable_on_destroy=False, opts=child
             )
-            for svc in access.PROJECT_SERVICES
-        ]
-        child = pulumi.ResourceOptions(parent=self, depends_on=self.project_services)
+            for api in CLUSTER_APIS
+        }
+        child = pulumi.ResourceOptions(parent=self, depends_on=list(self.project_services.values()))
 
         self.network = gcp.compute.Network(
             f"{name}-vpc",
@@ -167,6 +168,9 @@ class GcpGpuCluster(pulumi.ComponentResource):
             spot_notice_s=c.spot_notice_s,
             native=self.cluster,
             ready_after=[self.system_pool],
+            account=c.project,
+            kube_auth=access.gke_kube_auth(),
+            scrape_targets=access.GKE_SCRAPE_TARGETS,
             extras={
                 "network": self.network,
                 "subnet": self.subnet,

@@ -14,6 +14,10 @@ from components.config_types import GKE_DEFAULT_SPOT_NOTICE_S, Base, Cidr, Name,
 from components.node_pools import GpuPoolBase, KubeletNumaConfig
 
 
+LOCAL_SSD_GB = 375
+"""One bundled local SSD disk (components/data/gpu_catalog.yaml `gcp_bundled_local_ssds`: 375 GB NVMe disks)."""
+
+
 class GcpGpuPool(GpuPoolBase):
     machine_type: str
     """GCE machine type with GPUs, from the catalog (e.g. `a3-highgpu-4g`)."""
@@ -116,6 +120,14 @@ class GcpGpuPool(GpuPoolBase):
     def instance_types(self) -> list[InstanceType]:
         return [load_catalog().gcp[self.machine_type]]
 
+    @property
+    def node_disk_gib(self) -> float:
+        """The kubelet's ephemeral storage per node, in GiB: the machine's bundled local SSDs (the
+        catalog's `gcp_bundled_local_ssds`, 375 GB each; components/gcp/specs.py puts ephemeral
+        storage on them), else the boot disk (`disk_size_gb`, GB)."""
+        ssds = load_catalog().gcp_bundled_local_ssds.get(self.machine_type, 0)
+        return (ssds * LOCAL_SSD_GB if ssds else self.disk_size_gb) * 1e9 / 2**30
+
 
 GKE_EXTENDED_NOTICE_MIN_VERSION = "1.35.0-gke.1171000"
 """The first GKE control-plane version that accepts the extended 120 s spot shutdown window on a
@@ -185,8 +197,17 @@ class GcpCluster(Base):
     """VPC subnet and secondary ranges."""
     private_endpoint: bool = False
     """Private control-plane endpoint only."""
+    deletion_protection: Optional[bool] = None
+    """The provider's `deletion_protection` on the GKE cluster: while true, `pulumi destroy` (or a
+    replacement) of the cluster fails. Unset: true in `environment: prod`, false elsewhere. To tear
+    a prod cluster down, set it to false and `pulumi up` first (docs/operations.md, "Teardown")."""
     master_authorized_cidrs: list[Cidr] = Field(default_factory=list)
     """CIDRs allowed to the control plane (the node subnet is always added)."""
+    rbac_security_group: Optional[Annotated[str, StringConstraints(pattern=r"^gke-security-groups@[a-z0-9][a-z0-9.-]*\.[a-z]{2,}$")]] = None
+    """Google Groups for RBAC (`authenticator_groups_config.security_group`): the Google Group
+    `gke-security-groups@<your domain>` whose member groups GKE resolves, so a RoleBinding subject of
+    kind Group (a consumer's `group:` member) matches its people. Unset: GKE passes no Google Groups,
+    and `group:` consumers on this cluster are refused (docs/gcp.md, "Consumers")."""
     system_pool: GcpSystemPool = GcpSystemPool()
     """The system node pool."""
     fallback_mode: Literal["node_pool", "compute_class"] = "node_pool"

@@ -40,7 +40,7 @@ NODE_SA_ROLES = (
 COS_MODEL_CACHE_DIR = "/var/lib/gpuinfra/models"
 """Where a host_path model cache lives on GKE nodes: COS mounts `/` read-only, while `/var` is
 writable and stateful (on the boot disk) ("Disks and file system overview", Container-Optimized OS
-docs), so the serving default `/mnt/models` could not be created there."""
+docs); components/serving/cache.py keeps a model's own path under the writable roots."""
 
 PD_READ_MIB_S_PER_GIB = {"pd-balanced": 0.28, "pd-ssd": 0.48}
 PD_READ_MIB_S_PER_VM = 1200
@@ -167,6 +167,11 @@ def master_authorized_networks(c: GcpCluster) -> dict[str, Any]:
     return {"cidr_blocks": blocks, "gcp_public_cidrs_access_enabled": False}
 
 
+def deletion_protection(c: GcpCluster, environment: Environment) -> bool:
+    """`deletion_protection` as configured, else on in prod only."""
+    return c.deletion_protection if c.deletion_protection is not None else environment == "prod"
+
+
 def cluster_args(c: GcpCluster, environment: Environment, tags: dict[str, str]) -> dict[str, Any]:
     """The `gcp.container.Cluster` arguments, minus the resource references (network, subnet, SA)."""
     return {
@@ -175,7 +180,7 @@ def cluster_args(c: GcpCluster, environment: Environment, tags: dict[str, str]) 
         "location": cluster_location(c),
         "remove_default_node_pool": True,
         "initial_node_count": 1,
-        "deletion_protection": environment == "prod",
+        "deletion_protection": deletion_protection(c, environment),
         "networking_mode": "VPC_NATIVE",
         "ip_allocation_policy": {
             "cluster_secondary_range_name": PODS_RANGE,
@@ -194,12 +199,23 @@ def cluster_args(c: GcpCluster, environment: Environment, tags: dict[str, str]) 
         # private IP endpoint does not force Pulumi to run inside the VPC.
         "control_plane_endpoints_config": control_plane_endpoints_config(),
         "workload_identity_config": {"workload_pool": f"{c.project}.svc.id.goog"},
+        **authenticator_groups(c),
         "release_channel": {"channel": c.release_channel},
         **({"min_master_version": c.min_master_version} if c.min_master_version else {}),
         "enable_shielded_nodes": True,
         "addons_config": {"gce_persistent_disk_csi_driver_config": {"enabled": True}},
         "resource_labels": gcp_labels(tags),
     }
+
+
+def authenticator_groups(c: GcpCluster) -> dict[str, Any]:
+    """Google Groups for RBAC: GKE puts a user's groups (the nested members of `security_group`) in
+    their Kubernetes identity, so RoleBindings with `kind: Group` match; without it they match nobody
+    (GKE "Configure Google Groups for RBAC"; pulumi-gcp 10.2.0 `ClusterAuthenticatorGroupsConfigArgs`:
+    "Group name must be in format `gke-security-groups@yourdomain.com`")."""
+    if c.rbac_security_group is None:
+        return {}
+    return {"authenticator_groups_config": {"security_group": c.rbac_security_group}}
 
 
 def hardened_node_config(tags: dict[str, str]) -> dict[str, Any]:

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+from components.images.context import provider_context_hash
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -26,36 +28,35 @@ AGENT = ImageSource("agent", "ebpf-agent", "bpf")
 RUNTIME = ImageSource("runtime", "runtime", "runtime")
 SOURCES = (AGENT, RUNTIME)
 
-CONTEXT_EXCLUDED_DIRS = frozenset({"build", "wheels", "__pycache__"})
-"""Never part of a context's hash: local build output, pip downloads for offline builds, bytecode."""
-
 KEEP_IMAGES = 30
 """Images each repository keeps; older ones expire (a rollback needs the previous few digests)."""
 
 
-def context_files(context: Path) -> list[Path]:
-    return sorted(
-        p for p in context.rglob("*")
-        if p.is_file() and not CONTEXT_EXCLUDED_DIRS.intersection(p.relative_to(context).parts[:-1])
-        and p.suffix != ".pyc"
-    )
+def needed_sources(agent_enabled: bool) -> tuple[ImageSource, ...]:
+    """The images a stack runs: the agent's only where the eBPF agent is on."""
+    return tuple(s for s in SOURCES if agent_enabled or s is not AGENT)
 
 
-def context_hash(context: Path) -> str:
-    """SHA-256 over the context's file names and contents: changes exactly when what is built does."""
-    h = hashlib.sha256()
-    for p in context_files(context):
-        h.update(p.relative_to(context).as_posix().encode() + b"\0" + p.read_bytes() + b"\0")
-    return h.hexdigest()
+def context_hash(src: ImageSource, root: Path = REPO_ROOT) -> str:
+    """pulumi-docker-build's own `contextHash` of the image's context (components/images/context.py):
+    the Dockerfile, then every file the context's `.dockerignore` leaves, with its path and mode."""
+    return provider_context_hash(root / src.context, root / src.context / "Dockerfile")
 
 
 def image_tag(src: ImageSource, platforms: Sequence[str], root: Path = REPO_ROOT) -> str:
-    """The pushed tag: a hash of the context's content and the platforms, i.e. of what makes
-    pulumi-docker-build rebuild, so an immutable-tag repository takes each build once. (A rotated
+    """The pushed tag: a hash of exactly what makes pulumi-docker-build rebuild (its context hash)
+    and the platforms, so a tag names one build, and a clone, machine or revert with the same sources
+    gets the same tag (which the registry already holds: nothing is built, images.py). (A rotated
     registry password alone does not rebuild: the provider's Image.Diff ignores `password`,
     pulumi/pulumi-docker-build provider/internal/image.go at v0.0.22.)"""
-    h = hashlib.sha256((context_hash(root / src.context) + "\0" + ",".join(sorted(platforms))).encode())
+    h = hashlib.sha256((context_hash(src, root) + "\0" + ",".join(sorted(platforms))).encode())
     return f"src-{h.hexdigest()[:20]}"
+
+
+def configured_repository(registry: str, stack: str, src: ImageSource) -> str:
+    """An image's repository in a registry the config names (`images.registry`), per stack: two
+    stacks pushing to one registry never share a repository (`<registry>/<stack>/<image>`)."""
+    return f"{registry}/{stack}/{src.repository}"
 
 
 def by_digest(repository_url: str, digest: str) -> str:

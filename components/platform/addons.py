@@ -13,6 +13,7 @@ from typing import Optional
 import pulumi
 import pulumi_kubernetes as k8s
 
+from components.platform.cluster_handle import ScrapeTargets
 from components.platform.config import Consumer, Namespaces, ObservabilityConfig
 from components.platform.consumers import consumer_namespace_labels, role_bindings
 from components.platform.network_policy import ALLOW_NAME, DEFAULT_DENY_NAME, default_deny_ingress_spec, serving_allow_spec
@@ -37,6 +38,8 @@ class PlatformAddonsArgs:
     consumers: tuple[Consumer, ...] = ()
     """Teams onboarded on this cluster: their namespaces (admitted by the serving NetworkPolicy) and
     the RoleBindings of their Google identities."""
+    scrape_targets: ScrapeTargets = ScrapeTargets()
+    """What the cluster's Prometheus can scrape (its cluster component says)."""
 
 
 class PlatformAddons(pulumi.ComponentResource):
@@ -93,7 +96,7 @@ class PlatformAddons(pulumi.ComponentResource):
         if o.install_prometheus_stack:
             self.releases["kube-prometheus-stack"] = self._release(
                 f"{name}-kube-prometheus-stack", KPS_CHART, o.prometheus_release_label,
-                o.monitoring_namespace, kps_values(o), pulumi.ResourceOptions.merge(
+                o.monitoring_namespace, kps_values(o, args.scrape_targets), pulumi.ResourceOptions.merge(
                     child, pulumi.ResourceOptions(depends_on=[ns["monitoring"]])),
             )
             self._alert_receivers_secret(name, args, self.releases["kube-prometheus-stack"])

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from components.platform.alerting import ALERT_SECRET_NAME, alertmanager_config
+from components.platform.cluster_handle import ScrapeTargets
 from components.platform.config import ObservabilityConfig
 
 
@@ -125,7 +126,25 @@ def keda_values() -> dict[str, Any]:
     }
 
 
-def kps_values(o: ObservabilityConfig) -> dict[str, Any]:
+def component_scrapes(t: ScrapeTargets) -> dict[str, Any]:
+    """The chart's component scrapes, on only where the cluster has the component.
+
+    Each `<component>.enabled` gates its Service, ServiceMonitor and PrometheusRules (the rule templates
+    open with `if and ... .Values.<component>.enabled ...`: charts/kube-prometheus-stack/templates/
+    prometheus/rules-1.14/kubernetes-system-controller-manager.yaml, kubernetes-system-scheduler.yaml,
+    kube-scheduler.rules.yaml, kubernetes-system-kube-proxy.yaml, etcd.yaml @cf408a290), and every one
+    defaults to true (values.yaml). On a cluster without the target, `absent(up{job=...})` fires
+    forever, at severity critical for the controller manager, the scheduler and kube-proxy."""
+    return {
+        "kubeControllerManager": {"enabled": t.control_plane},
+        "kubeScheduler": {"enabled": t.control_plane},
+        "kubeEtcd": {"enabled": t.control_plane},
+        "kubeProxy": {"enabled": t.kube_proxy},
+        "coreDns": {"enabled": t.coredns},
+    }
+
+
+def kps_values(o: ObservabilityConfig, targets: ScrapeTargets = ScrapeTargets()) -> dict[str, Any]:
     """Prometheus picks up ServiceMonitors/PrometheusRules labelled `release: <release>` in any
     namespace; Grafana loads ConfigMaps labelled `grafana_dashboard: "1"` from any namespace.
     Alertmanager gets the whole routing config (components/platform/alerting.py) and, when a receiver
@@ -160,4 +179,5 @@ def kps_values(o: ObservabilityConfig) -> dict[str, Any]:
                 }
             },
         },
+        **component_scrapes(targets),
     }, _pinned_image_values(KPS_PINNED_IMAGES))

@@ -47,6 +47,10 @@ class GpuPoolInfo:
     """Node directory a `host_path` model cache must use on this pool: the disk that holds the cache
     (the NVMe RAID0 of AWS pools with `model_cache: instance-store`) or a writable path on the node
     image (GKE's COS mounts `/` read-only); None: the model's own `cache.host_path`."""
+    no_pdb_reason: Optional[str] = None
+    """Why no PodDisruptionBudget may guard the pool's replicas: whatever drains the nodes would wait
+    on it with nothing to end the wait (components/serving/budget.py `unbounded_pdb_wait`; only an
+    existing cluster's pool can be so). None: the serving layer renders one."""
 
 
 def pool_info(
@@ -56,6 +60,7 @@ def pool_info(
     cache_host_path: Optional[str] = None,
     node_selector: Optional[dict[str, str]] = None,
     gpu_taint: bool = True,
+    no_pdb_reason: Optional[str] = None,
 ) -> GpuPoolInfo:
     """Scheduling facts for a pool. Managed pools carry our pool label and the GPU taint; a pool
     of an existing cluster passes its own `node_selector` and whether its nodes carry the taint."""
@@ -73,6 +78,7 @@ def pool_info(
         native_names=native_names,
         cache_read_mib_s=cache_read_mib_s,
         cache_host_path=cache_host_path,
+        no_pdb_reason=no_pdb_reason,
     )
 
 
@@ -84,6 +90,23 @@ def node_selector_term(node_selector: dict[str, str]) -> dict[str, list[dict[str
 def pool_node_labels(pool_name: str, capacity: str, extra: dict[str, str] | None = None) -> dict[str, str]:
     """Labels a managed GPU node carries (the serving layer selects on `POOL_LABEL`)."""
     return {**(extra or {}), POOL_LABEL: pool_name, CAPACITY_LABEL: capacity}
+
+
+@dataclass(frozen=True)
+class ScrapeTargets:
+    """What kube-prometheus-stack can scrape on a cluster beyond the API server, the kubelets and its own
+    exporters. The chart's defaults assume a self-hosted control plane, kube-proxy and CoreDNS
+    (`kubeControllerManager`, `kubeScheduler`, `kubeEtcd`, `kubeProxy`, `coreDns`: `enabled: true`), and
+    each gates a ServiceMonitor and rules that alert when its target is absent (`KubeControllerManagerDown`,
+    `KubeSchedulerDown`, `KubeProxyDown`: `absent(up{job=...})`, severity critical). Each cluster kind
+    states what it really has (components/platform/addons_values.py:component_scrapes turns it into values)."""
+
+    control_plane: bool = False
+    """kube-controller-manager, kube-scheduler and etcd are pods or hosts the cluster's Prometheus can reach."""
+    kube_proxy: bool = False
+    """kube-proxy runs and serves its metrics beyond loopback."""
+    coredns: bool = True
+    """CoreDNS runs with the `k8s-app: kube-dns` label and serves metrics on 9153."""
 
 
 @dataclass
@@ -106,5 +129,13 @@ class ClusterHandle:
     native: Any = None
     """Escape hatch: the native cluster object (eks.Cluster, gcp.container.Cluster, or None)."""
     ready_after: list[pulumi.Resource] = field(default_factory=list)
+    account: Optional[pulumi.Input[str]] = None
+    """The cloud account that owns the cluster (AWS account id, GCP project id); None for an existing one."""
+    certificate_authority: Optional[pulumi.Input[str]] = None
+    """Base64 PEM of the API server's CA; None where the endpoint's certificate is publicly trusted."""
+    kube_auth: Optional[dict[str, Any]] = None
+    """The exec plugin a consumer's kubeconfig runs (gpuinfra_contract.KubeAuth's fields)."""
+    scrape_targets: ScrapeTargets = field(default_factory=ScrapeTargets)
+    """What the cluster's Prometheus can scrape (managed control planes hide theirs)."""
     """What must exist before workloads can run (CNI, DNS, system nodes); the platform layers wait on it."""
     extras: dict[str, Any] = field(default_factory=dict)

@@ -7,7 +7,7 @@ from typing import Annotated, Literal, Optional
 
 from pydantic import Field, StringConstraints, model_validator
 
-from components.config_types import Base, Name
+from components.config_types import Base, Cidr, Name
 
 Severity = Literal["critical", "warning", "info"]
 SecretKey = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_]{0,62}$")]
@@ -22,7 +22,7 @@ class AlertThresholds(Base):
     ttft_p99_seconds: float = Field(2.0, gt=0)
     """Alert when p99 time-to-first-token exceeds this."""
     cuda_launch_p99_seconds: float = Field(0.001, gt=0)
-    """Alert when p99 `cudaLaunchKernel` enqueue time (eBPF agent) exceeds this."""
+    """Alert when the p99 CUDA kernel launch enqueue time (eBPF agent, sampled) exceeds this."""
 
 
 class WebhookReceiver(Base):
@@ -155,6 +155,11 @@ class Consumer(Base):
     `AmazonEKSViewPolicy` on the serving namespace."""
     gcp_members: list[Annotated[str, StringConstraints(pattern=r"^(user|group|serviceAccount):[^@\s]+@[^@\s]+$")]] = Field(default_factory=list)
     """Google identities (`user:`, `group:`, `serviceAccount:`): `roles/container.clusterViewer` on the
-    cluster's project, and RoleBindings to `edit` in its namespace and `view` in the serving namespace."""
+    cluster's project, and RoleBindings to `edit` in its namespace and `view` in the serving namespace.
+    A `group:` needs the GKE cluster's `rbac_security_group` (Google Groups for RBAC)."""
+    api_cidrs: list[Cidr] = Field(default_factory=list)
+    """Egress CIDRs of the team's clients that call the Kubernetes API (its CI, its VPN): added to the
+    public endpoint's allowed CIDRs of each EKS cluster it is onboarded to (with the deployer's, at most
+    40 per cluster; `0.0.0.0/0` refused in prod). GKE needs none: its DNS endpoint is authorized by IAM."""
     clusters: list[Name] = Field(default_factory=list)
     """The clusters it is onboarded to (default: every cluster of the stack)."""

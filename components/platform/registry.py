@@ -5,7 +5,7 @@ for existing clusters all take this shape."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import pulumi
 
@@ -19,3 +19,6 @@ class ImageRegistry:
     own `docker login`."""
     ready_after: list[pulumi.Resource] = field(default_factory=list)
     """What must exist before a push (the repositories)."""
+    held: Optional[Callable[[str, str], Optional[str]]] = None
+    """(image role, tag) -> the digest the registry already holds under that tag, read when the
+    program runs (components/images/lookup.py); None: the registry cannot be read, every image is built."""

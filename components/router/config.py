@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Literal, Optional, Sequence
 
 from pydantic import Field, field_validator, model_validator
 
@@ -25,9 +25,13 @@ class AffinityConfig(Base):
     field, same prompt start) go to the same replica, whose prefix cache then holds it."""
     header: Optional[str] = Field(None, pattern=r"^[A-Za-z0-9-]{1,64}$")
     """Hash this request header instead (e.g. a conversation id a client sets)."""
-    balance_factor: int = Field(150, ge=101, le=1000)
+    balance_factor: int = Field(200, ge=101, le=1000)
     """A replica takes at most this % of the average in-flight load; past it the next replica on
-    the ring takes the request (HAProxy's bounded-load consistent hashing)."""
+    the ring takes the request (HAProxy's bounded-load consistent hashing). HAProxy hands out whole
+    slots (2.6 src/lb_chash.c `chash_server_is_eligible`: ceil((in flight + 1) x factor / 100),
+    split by weight), so at 150 a router with one request in flight on a replica of two sends the
+    next one for the same prefix elsewhere: measured under 4 concurrent clients through two routers,
+    the prefix-cache hit rate fell to 50 % (round-robin: 60 %); at 200 it is 85 % (bench/README.md)."""
 
 
 class RouterConfig(Base):
@@ -59,6 +63,26 @@ class RouterConfig(Base):
     settle_s: int = Field(5, ge=0, le=60)
     """preStop wait for the router pod's endpoint removal to reach every client before HAProxy
     stops taking connections (a soft stop: open streams finish)."""
+    bytes_per_token: int = Field(6, ge=1, le=64)
+    """Request-body bytes per prompt token that size HAProxy's buffer: the largest `max_model_len`
+    routed x this (plus headers) fits one buffer, so every request the router takes can be retried
+    (configuration manual, retry-on: "Requests not fitting in a single buffer will never be
+    retried"); a longer body gets 413. English JSON runs ~4 bytes per token, escaped non-ASCII
+    (`\\uXXXX`) up to ~6. Memory: three buffers per stream (request, its retry copy, response)."""
+    overflow_bytes_per_token: Optional[int] = Field(None, ge=1, le=16)
+    """The fewest request-body bytes per prompt token: where an economy entry's `max_model_len`
+    is shorter than its primary's, only a request whose body and `max_tokens` fit it at this rate
+    overflows; a longer one stays on the primary. 1 is safe for any text (every token is at least
+    one byte of the prompt); required when a pair needs the gate."""
+    empty_economy: Optional[Literal["retry-after", "queue"]] = None
+    """What an overflowing request gets while its economy tier has no replica (an overflow target
+    at `min_replicas: 0` waking from zero): `retry-after`, a 503 with `Retry-After:
+    retry_after_s` at once; `queue`, a wait for a primary slot in the router's queue (`queue_s`),
+    then that 503. Required when an overflow target can be at zero replicas."""
+    retry_after_s: int = Field(30, ge=1, le=3600)
+    """The `Retry-After` of every 503 the router itself answers."""
+    queue_s: int = Field(2, ge=1, le=300)
+    """How long a request waits in the router's queue for a free slot (HAProxy `timeout queue`)."""
     affinity: dict[str, AffinityConfig] = {}
     """Per model entry name: route by prompt prefix with bounded load instead of same-node first."""
     overflow_alert_ratio: float = Field(0.25, gt=0, le=1)

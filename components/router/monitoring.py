@@ -10,7 +10,7 @@ import json
 from typing import Any, Sequence
 
 from components.router.config import RouterConfig
-from components.router.haproxy_cfg import OVERFLOW_PREFIX
+from components.router.haproxy_cfg import DEMAND_PREFIX, OVERFLOW_PREFIX
 from components.router.specs import APP_NAME
 
 REQUESTS = "haproxy_backend_http_requests_total"
@@ -19,7 +19,10 @@ RETRIES = "haproxy_backend_retry_warnings_total"
 REDISPATCHES = "haproxy_backend_redispatch_warnings_total"
 QUEUE = "haproxy_backend_current_queue"
 SESSIONS = "haproxy_backend_current_sessions"
+DEMAND = "haproxy_sticktable_used"
+"""Per `demand-<primary>` table: overflow requests the router could not place in the last minute."""
 SERVERS = "gpuinfra_router_servers"
+PEERS = "gpuinfra_router_peers"
 CHANGES = "gpuinfra_router_server_changes_total"
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 
@@ -95,10 +98,12 @@ def dashboard(namespace: str, primaries: Sequence[str] = ()) -> dict[str, Any]:
             (f"sum by (proxy) (rate({RETRIES}{{{sel}}}[5m]))", "{{proxy}} retries"),
             (f"sum by (proxy) (rate({REDISPATCHES}{{{sel}}}[5m]))", "{{proxy}} redispatches"),
             (f"sum by (proxy) ({QUEUE}{{{sel}}})", "{{proxy}} queued"),
+            (f'sum by (name) ({DEMAND}{{{sel},name=~"{DEMAND_PREFIX}.+"}})', "{{name}} unplaced (1 min)"),
             *overflow,
         ], "short", 16, 1),
         _panel(5, "Replicas in rotation", [(f"sum by (backend, locality) ({SERVERS}{{{sel}}})", "{{backend}} {{locality}}"),
-                                           (f"sum by (backend, action) (rate({CHANGES}{{{sel}}}[5m]))", "{{backend}} {{action}}")],
+                                           (f"sum by (backend, action) (rate({CHANGES}{{{sel}}}[5m]))", "{{backend}} {{action}}"),
+                                           (f"max({PEERS}{{{sel}}})", "routers sharing the slots")],
                "short", 0, 9),
     ]
     return {

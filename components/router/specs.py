@@ -1,9 +1,10 @@
 """Pure deciders for the router's objects on one cluster: which models it routes and how, the
 ConfigMap (haproxy.cfg, the capacity map, the controller's table), the DaemonSet (HAProxy + the
-controller), the Services, RBAC, ServiceMonitor. No PodDisruptionBudget: a PDB over DaemonSet
-pods reports `disruptionsAllowed: 0` (DaemonSets have no scale subresource, so the disruption
-controller cannot compute an expected count; docs/serving.md), which blocks every eviction and
-with it Karpenter's drain and consolidation of a GPU node."""
+controller), the Services, RBAC, ServiceMonitor. No PodDisruptionBudget: a PDB over pods without
+a scale subresource (a DaemonSet's) works with an integer `minAvailable` only (Kubernetes docs,
+"Specifying a Disruption Budget for your Application", arbitrary workloads), and any such floor
+would refuse the eviction of the last routers when nodes drain, while the router is per node and
+leaves with its node's replicas; its preStop (settle, soft stop) is what protects its clients."""
 
 from __future__ import annotations
 
@@ -32,9 +33,12 @@ SHUTDOWN_MARGIN_S = 5
 HTTP_PORT = "http"
 METRICS_PORT = "metrics"
 CONTROLLER_PORT = "controller"
-PER_CONN_KIB = 2 * 16 + 16
-"""Memory per open stream: two 16 KiB buffers (tune.bufsize) and the session, connection and
-HTX structures."""
+STREAM_BUFFERS = 3
+"""Buffers one stream may hold at once: the request, its copy kept for a retry (retry-on), the
+response (configuration manual, retry-on: retrying "requires to allocate a buffer and copy the
+whole request into it")."""
+STREAM_OVERHEAD_KIB = 16
+"""The session, connection and HTX structures of a stream."""
 BASE_MIB = 48
 """HAProxy's own memory before any connection (pools, Lua, the exporter), with headroom."""
 
@@ -44,12 +48,14 @@ BASE_MIB = 48
 
 def routes(rc: RouterConfig, models: Sequence[ModelConfig]) -> list[Route]:
     """One route per model entry on the cluster; a primary with its economy entry there overflows."""
-    names = {m.name for m in models}
+    by_name = {m.name: m for m in models}
     out = []
     for m in models:
         a = rc.affinity.get(m.name)
         aff = Affinity(a.prefix_bytes, a.header, a.balance_factor) if a else None
-        out.append(Route(m.name, m.overflow_to if m.overflow_to in names else None, aff))
+        econ = by_name.get(m.overflow_to) if m.overflow_to else None
+        gate = econ.engine.max_model_len if econ and econ.engine.max_model_len < m.engine.max_model_len else None
+        out.append(Route(m.name, econ.name if econ else None, aff, gate))
     return out
 
 
@@ -81,12 +87,30 @@ def controller_routes(rc: RouterConfig, models: Sequence[ModelConfig]) -> dict[s
         for b, svc in haproxy_cfg.backends(rs)
     ]
     return {"backends": backends, "agent_inter_ms": rc.agent_interval_ms,
-            "removal_timeout_s": longest_stream_s(models) + SHUTDOWN_MARGIN_S, "caps_map": f"{CONFIG_DIR}/caps.map"}
+            "removal_timeout_s": longest_stream_s(models) + SHUTDOWN_MARGIN_S, "caps_map": f"{CONFIG_DIR}/caps.map",
+            "router_service": APP_NAME}
 
 
-def maxconn(rc: RouterConfig) -> int:
+def body_limit(rc: RouterConfig, models: Sequence[ModelConfig]) -> int:
+    """The longest request body the router takes: the longest prompt any routed tier accepts."""
+    return max(m.engine.max_model_len for m in models) * rc.bytes_per_token
+
+
+def bufsize(rc: RouterConfig, models: Sequence[ModelConfig]) -> int:
+    """`tune.bufsize`: that body and its headers in one buffer (never below HAProxy's 16384 default,
+    rounded up to 16 as HAProxy does on 64-bit machines)."""
+    need = body_limit(rc, models) + haproxy_cfg.BUFFER_HEADROOM
+    return max(16384, -(-need // 16) * 16)
+
+
+def stream_kib(rc: RouterConfig, models: Sequence[ModelConfig]) -> int:
+    """Memory one stream may hold (STREAM_BUFFERS buffers and its structures), in KiB."""
+    return -(-STREAM_BUFFERS * bufsize(rc, models) // 1024) + STREAM_OVERHEAD_KIB
+
+
+def maxconn(rc: RouterConfig, models: Sequence[ModelConfig]) -> int:
     """Streams HAProxy holds at once within its memory limit."""
-    return max(64, (rc.memory_mib - BASE_MIB) * 1024 // PER_CONN_KIB)
+    return max(64, (rc.memory_mib - BASE_MIB) * 1024 // stream_kib(rc, models))
 
 
 def memory_cap_mib(rc: RouterConfig) -> int:
@@ -99,8 +123,11 @@ def settings(rc: RouterConfig, models: Sequence[ModelConfig]) -> haproxy_cfg.Set
     longest = longest_stream_s(models)
     return haproxy_cfg.Settings(
         port=rc.port, metrics_port=rc.metrics_port, socket_path=f"{RUN_DIR}/haproxy.sock",
-        caps_map_path=f"{CONFIG_DIR}/caps.map", threads=rc.threads, maxconn=maxconn(rc), timeout_s=longest,
-        hard_stop_s=longest + SHUTDOWN_MARGIN_S, retries=rc.max_tries - 1,
+        caps_map_path=f"{CONFIG_DIR}/caps.map", threads=rc.threads, maxconn=maxconn(rc, models), timeout_s=longest,
+        hard_stop_s=longest + SHUTDOWN_MARGIN_S, retries=rc.max_tries - 1, queue_s=rc.queue_s,
+        bufsize=bufsize(rc, models), body_limit=body_limit(rc, models),
+        overflow_bytes_per_token=rc.overflow_bytes_per_token or 1, empty_economy=rc.empty_economy or "retry-after",
+        retry_after_s=rc.retry_after_s,
     )
 
 
@@ -182,6 +209,7 @@ def controller_container(rc: RouterConfig, runtime_image: Any) -> dict[str, Any]
     after it. Its readiness is the first sync into HAProxy, so the pod is Ready only with servers."""
     env = [
         {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         {"name": "ROUTER_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
         {"name": "ROUTER_ROUTES", "value": f"{CONFIG_DIR}/routes.json"},
         {"name": "ROUTER_SOCKET", "value": f"{RUN_DIR}/haproxy.sock"},

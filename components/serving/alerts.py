@@ -4,8 +4,9 @@ stalls (from the eBPF agent) and spot drains (from the drain sidecar's /metrics)
 Metric names are the ones the pinned versions export:
 - vLLM: `vllm:num_requests_waiting`, `vllm:kv_cache_usage_perc` (0-1; replaced
   `vllm:gpu_cache_usage_perc`), `vllm:time_to_first_token_seconds` (histogram);
-- the eBPF agent (bpf/agent/metrics.py): `ebpf_cuda_call_enqueue_seconds` histogram, label
-  `call="cudaLaunchKernel"`, with the workload's `namespace`/`pod` labels;
+- the eBPF agent (bpf/agent/metrics.py): `ebpf_cuda_call_enqueue_seconds` histogram, kernel launches
+  under `call="cuLaunchKernel"` / `"cuLaunchKernelEx"` (probed once, at the driver's entry points),
+  with the workload's `namespace`/`pod` labels, counted in sampling windows only;
 - the drain sidecar (runtime/drain.py): `gpuinfra_drain_in_progress{reason}`
   (reason `spot`, `shutdown`, `pressure`, `preempted`, `node`, `rollout`, `restart` or `unknown`,
   read from the API by runtime/disruption.py).
@@ -21,7 +22,14 @@ from components.platform.config import AlertThresholds
 from components.serving.config import ModelConfig
 
 CUDA_METRIC = "ebpf_cuda_call_enqueue_seconds"
-CUDA_LAUNCH_CALL = "cudaLaunchKernel"
+CUDA_LAUNCH_CALLS = ("cuLaunchKernel", "cuLaunchKernelEx")
+"""The agent's `call` labels of kernel launches (bpf/agent/cudalat.py LAUNCH_CALLS)."""
+CUDA_LAUNCH_SELECTOR = f'call=~"{"|".join(CUDA_LAUNCH_CALLS)}"'
+CUDA_ALERT_RANGE = "5m"
+"""CudaLaunchStall's rate range. The agent counts launches only inside its sampling windows, one
+every `cuda_uprobes.sample_period_seconds` (at most 60, components/agent/config.py), so every range
+holds at least five windows: a p99 is a ratio of bucket rates, which sampling scales alike, and a
+range never falls between two windows (an empty range would read NaN and resolve the alert)."""
 DRAIN_METRIC = "gpuinfra_drain_in_progress"
 SPOT_ALERT_WINDOW = "2m"
 
@@ -101,13 +109,14 @@ def alert_rules(m: ModelConfig, job: str, namespace: str, t: AlertThresholds,
         ),
         rule(
             "CudaLaunchStall",
-            f'histogram_quantile(0.99, sum by (le, pod) (rate({CUDA_METRIC}_bucket{{call="{CUDA_LAUNCH_CALL}",'
-            f'{pod_selector(namespace, job)}}}[5m]))) > {t.cuda_launch_p99_seconds:g}',
+            f'histogram_quantile(0.99, sum by (le, pod) (rate({CUDA_METRIC}_bucket{{{CUDA_LAUNCH_SELECTOR},'
+            f'{pod_selector(namespace, job)}}}[{CUDA_ALERT_RANGE}]))) > {t.cuda_launch_p99_seconds:g}',
             "10m", "warning",
-            f"{m.name}: cudaLaunchKernel enqueue p99 above {t.cuda_launch_p99_seconds * 1e3:g} ms "
+            f"{m.name}: CUDA kernel launch enqueue p99 above {t.cuda_launch_p99_seconds * 1e3:g} ms "
             "on {{ $labels.pod }}",
-            "Host-side CUDA launch latency (eBPF uprobe, enqueue time not GPU time) is high: CPU "
-            "contention, NUMA misalignment or a throttled container.",
+            "Host-side CUDA launch latency (eBPF uprobes on the driver's cuLaunchKernel/cuLaunchKernelEx, "
+            "sampled in the agent's windows; enqueue time, not GPU time) is high: CPU contention, NUMA "
+            "misalignment or a throttled container.",
         ),
         rule(
             "VllmSpotDrainStarted",

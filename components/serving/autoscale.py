@@ -13,8 +13,10 @@ second trigger (the HPA takes the largest proposal) for bursts beyond the slots.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
+from components.router.haproxy_cfg import DEMAND_PREFIX, DEMAND_WINDOW_S
+from components.router.specs import APP_NAME as ROUTER_JOB
 from components.serving.alerts import job_selector
 from components.serving.config import ModelConfig, Placement, replica_capacity
 
@@ -47,6 +49,16 @@ def served_rejections_query(namespace: str, served_name: str) -> str:
             f'model_name="{served_name}"}}[2m]))')
 
 
+def unplaced_overflow_query(namespace: str, primaries: Sequence[str]) -> str:
+    """Overflow requests every router of the cluster could not place on this economy tier in the
+    last DEMAND_WINDOW_S (no replica, or no free slot): each router records one entry per such
+    request in its `demand-<primary>` stick table, which HAProxy's Prometheus exporter publishes as
+    `haproxy_sticktable_used{name}` (2.6 addons/promex/service-prometheus.c, the stick-table
+    metrics). vLLM's own metrics never see these requests."""
+    names = "|".join(f"{DEMAND_PREFIX}{p}" for p in sorted(primaries))
+    return f'sum(haproxy_sticktable_used{{namespace="{namespace}",job="{ROUTER_JOB}",name=~"{names}"}})'
+
+
 def overflow_rate_per_replica(m: ModelConfig) -> float:
     """Requests per second one replica of `m` absorbs at capacity: its slots over the longest stream."""
     return round(max(replica_capacity(m) / m.drain.max_request_s, 0.01), 3)
@@ -76,8 +88,10 @@ def _prometheus_trigger(name: str, prometheus_url: str, query: str, threshold: f
 
 
 def scaled_object_spec(
-    m: ModelConfig, placement: Placement, deployment: str, namespace: str, prometheus_url: str
+    m: ModelConfig, placement: Placement, deployment: str, namespace: str, prometheus_url: str,
+    overflow_from: Sequence[str] = (),
 ) -> dict[str, Any]:
+    """`overflow_from`: the primaries whose overflow the cluster's router sends to `m`."""
     a = m.autoscaling
     triggers = [
         _prometheus_trigger("load", prometheus_url, in_flight_query(namespace, deployment), replica_capacity(m), 0),
@@ -98,6 +112,17 @@ def scaled_object_spec(
             _prometheus_trigger(
                 "rejected", prometheus_url, served_rejections_query(namespace, m.served_name),
                 overflow_rate_per_replica(m), 0,
+            )
+        )
+    if overflow_from:
+        # Wakes the tier from zero on the first request the routers could not place (KEDA's
+        # prometheus scaler is active when the value is > activationThreshold, kedacore/keda
+        # pkg/scalers/prometheus_scaler.go `GetMetricsAndActivity`; an empty result reads as 0), and
+        # asks for a replica per the requests one absorbs in the window.
+        triggers.append(
+            _prometheus_trigger(
+                "unplaced", prometheus_url, unplaced_overflow_query(namespace, overflow_from),
+                round(overflow_rate_per_replica(m) * DEMAND_WINDOW_S, 3), 0,
             )
         )
     return {

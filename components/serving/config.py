@@ -110,10 +110,21 @@ class ModelResources(Base):
 
 
 class ModelCache(Base):
-    kind: Literal["host_path", "pvc"] = "host_path"
-    """`host_path` (node-local NVMe) or `pvc` (a ReadWriteMany claim)."""
-    host_path: str = "/mnt/models"
-    """Node directory for the model cache when `kind: host_path`."""
+    kind: Literal["empty_dir", "host_path", "pvc"] = "empty_dir"
+    """Where the weights are cached (components/serving/cache.py): `empty_dir` (the node's ephemeral
+    storage: the NVMe RAID0 on AWS instance-store pools, the boot disk or bundled local SSDs on GKE;
+    per pod, admitted at every Pod Security level), `host_path` (a node directory shared by every pod
+    on the node and kept across pods; the serving namespace then enforces `privileged`) or `pvc` (a
+    ReadWriteMany claim)."""
+    host_path: Optional[Annotated[str, StringConstraints(pattern=r"^/(?:[^/\x00]+/?)+$")]] = None
+    """Node directory when `kind: host_path`. Default: the pool's (`/mnt/k8s-disks/0/models` on AWS
+    instance-store pools, else `/var/lib/gpuinfra/models`, writable on COS, AL2023 and Ubuntu). On a
+    GKE cluster (or an existing one on GCP) it must lie under COS's writable `/var`, `/home`,
+    `/mnt/stateful_partition` or `/mnt/disks`."""
+    size_gib: Optional[int] = Field(None, ge=1, le=65536)
+    """Size of an `empty_dir` cache: its `sizeLimit` and the vLLM container's `ephemeral-storage`
+    request. Default: the checkpoint (+10 %), huggingface_hub's Xet chunk cache (10 GB) and vLLM's compile cache (cache.py
+    `cache_size_gib`); raise it for repositories that ship a second copy of the weights."""
     pvc_size_gib: int = Field(500, ge=10)
     """Size of the claim when `kind: pvc`."""
     storage_class: Optional[str] = None
@@ -123,6 +134,13 @@ class ModelCache(Base):
     read_mib_s: Optional[int] = Field(None, ge=10, le=100_000)
     """Sustained read/write MiB/s of the cache volume, for the startup budget. Default: the GPU
     pool's (the cluster derives it from its disk settings); set it for a `pvc` cache."""
+
+    @field_validator("host_path")
+    @classmethod
+    def _plain_path(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None and any(part in (".", "..") for part in v.split("/")):
+            raise ValueError(f"'{v}' has a '.' or '..' segment; allowed: a plain absolute path such as /var/lib/gpuinfra/models")
+        return v
 
 
 class Drain(Base):

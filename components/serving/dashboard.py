@@ -11,7 +11,7 @@ import hashlib
 import json
 from typing import Any
 
-from components.serving.alerts import CUDA_LAUNCH_CALL, CUDA_METRIC, DRAIN_METRIC, job_selector, pod_selector
+from components.serving.alerts import CUDA_LAUNCH_SELECTOR, CUDA_METRIC, DRAIN_METRIC, job_selector, pod_selector
 from components.serving.config import ModelConfig
 
 DASHBOARD_LABEL = {"grafana_dashboard": "1"}
@@ -73,8 +73,8 @@ def dashboard(m: ModelConfig, job: str, namespace: str) -> dict[str, Any]:
         ),
         _panel(4, "KV cache usage", [(f"vllm:kv_cache_usage_perc{{{sel}}}", "{{pod}}")], "percentunit", 12, 8),
         _panel(
-            5, "cudaLaunchKernel enqueue latency (eBPF)",
-            [(f'sum by (le) (rate({CUDA_METRIC}_bucket{{call="{CUDA_LAUNCH_CALL}",{wl}}}[5m]))', "{{le}}")],
+            5, "CUDA kernel launch enqueue latency (eBPF, sampled)",
+            [(f'sum by (le) (rate({CUDA_METRIC}_bucket{{{CUDA_LAUNCH_SELECTOR},{wl}}}[5m]))', "{{le}}")],
             "short", 0, 16, kind="heatmap",
         ),
         _panel(

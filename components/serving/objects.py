@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from components.platform.cluster_handle import GpuPoolInfo
 from components.serving.config import ModelConfig
 from components.serving.pod_spec import (
     DRAIN_PORT_NAME,
@@ -18,6 +19,7 @@ from components.serving.pod_spec import (
     object_labels,
     selector_labels,
     served_slug,
+    startup_budget_s,
 )
 
 
@@ -118,6 +120,19 @@ def pdb_spec(m: ModelConfig) -> dict[str, Any]:
     for the pod's whole grace (components/serving/budget.py `nodepool_termination_grace_s`); GKE's
     graceful node shutdown never asks the Eviction API."""
     return {"maxUnavailable": 1, "selector": {"matchLabels": selector_labels(m)}, "unhealthyPodEvictionPolicy": "AlwaysAllow"}
+
+
+NO_PDB_ANNOTATION = "gpuinfra.io/no-pdb-reason"
+"""On a serving Deployment rendered without a PDB: why (the policy pack's PDB rule reads it)."""
+
+
+def deployment_annotations(m: ModelConfig, pool: GpuPoolInfo) -> dict[str, str]:
+    """The Deployment's own annotations: Pulumi's wait for a cold start, and why it has no PDB when
+    the pool's drainer would wait on one forever (GpuPoolInfo.no_pdb_reason)."""
+    out = {"pulumi.com/timeoutSeconds": str(startup_budget_s(m, pool) + 600)}
+    if pool.no_pdb_reason is not None:
+        out[NO_PDB_ANNOTATION] = pool.no_pdb_reason
+    return out
 
 
 def pvc_spec(m: ModelConfig) -> dict[str, Any]:

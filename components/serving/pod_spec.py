@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from components.platform.cluster_handle import CAPACITY_LABEL, POOL_LABEL, GpuPoolInfo, node_selector_term
+from components.serving.cache import cache_requests, cache_volume
 from components.serving.budget import IDLE_SAMPLES, POLL_INTERVAL_S, PROBE_PERIOD_S, DrainBudget
 from components.serving.config import ModelConfig, Placement, agent_port, model_budget
 from components.serving.spread import topology_spread
@@ -21,9 +22,11 @@ from components.serving.vllm_args import VLLM_COMMAND, vllm_args
 
 IMAGE_RUNTIME_DIR = "/opt/gpuinfra/runtime"
 """Where runtime/Dockerfile puts the runtime code in the image."""
-HOOK_FILES = ("drain.py", "deadline_http.py", "disruption.py")
-"""What the vLLM container's preStop runs (stdlib only, in the vLLM image's python3): the drain
-sidecar copies them from its image into the drain volume (HOOK_DIR) when it starts."""
+HOOK_FILES = ("drain.py", "deadline_http.py", "disruption.py", "drain_middleware.py")
+"""What the vLLM container runs of ours (stdlib only, in the vLLM image's python3): the preStop
+(drain.py) and the keep-alive closer vLLM loads with `--middleware` (drain_middleware.py). The
+drain sidecar copies them from its image into the drain volume (HOOK_DIR) when it starts, before the
+vLLM container starts (its startup probe, `drain_sidecar`)."""
 
 GPU_RESOURCE = "nvidia.com/gpu"
 HF_TOKEN_KEY = "HF_TOKEN"
@@ -41,9 +44,15 @@ HTTP_PORT_NAME = "http"
 READINESS_TIMEOUT_S = 10
 READINESS_FAILURES = 3
 SIDECAR_CPU = "100m"
+"""Sized from bench/sidecar_bench.py (the real sidecar on a 93 KiB vLLM-sized /metrics page): 10-19
+millicores with two to eight routers asking (the agent reads only its three series, `?name[]=`),
+so a burst (the drain poll's full-page read every second) fits one CFS period and a health check
+is answered well within `timeout check` (400 ms). Reading the whole page for the agent took 46-121m."""
 SIDECAR_MEMORY = "64Mi"
 SA_MOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
 TOKEN_EXPIRY_S = 3600
+SIDECAR_STARTUP_S = 60
+"""The drain sidecar's startup probe budget (1 s period): copy the hook, start python, serve."""
 CLASSIFY_WINDOW_S = 30
 """How long after a drain starts the sidecar keeps re-reading the API for its reason."""
 
@@ -171,14 +180,10 @@ def node_affinity(pool: GpuPoolInfo) -> dict[str, Any]:
 
 
 def volumes(m: ModelConfig, name: str, pool_host_path: Optional[str] = None) -> list[dict[str, Any]]:
-    if m.cache.kind == "host_path":
-        path = pool_host_path or m.cache.host_path  # the pool's node image may dictate where (GKE COS)
-        cache = {"name": "model-cache", "hostPath": {"path": path, "type": "DirectoryOrCreate"}}
-    else:
-        cache = {"name": "model-cache", "persistentVolumeClaim": {"claimName": pvc_name(name)}}
+    """`pool_host_path`: where the pool's node image keeps a `host_path` cache (components/serving/cache.py)."""
     return [
         {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{m.shm_size_gib}Gi"}},
-        cache,
+        cache_volume(m, pvc_name(name), pool_host_path),
         {"name": "drain", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
         # The API token, only in the drain sidecar (the pod does not automount one).
         {"name": "drain-api", "projected": {"sources": [
@@ -227,7 +232,12 @@ def vllm_container(m: ModelConfig, pool: GpuPoolInfo, hf_secret: Optional[str], 
         env.append(
             {"name": HF_TOKEN_KEY, "valueFrom": {"secretKeyRef": {"name": hf_secret, "key": HF_TOKEN_KEY}}}
         )
-    env += _drain_env(m) + [{"name": "PRESTOP_TIMEOUT_S", "value": str(b.prestop_s)}]
+    env += _drain_env(m) + [
+        {"name": "PRESTOP_TIMEOUT_S", "value": str(b.prestop_s)},
+        # vLLM imports `--middleware drain_middleware.CloseWhenDraining` from here (vllm_args.py).
+        # It replaces any PYTHONPATH the image sets; vllm/vllm-openai sets none (docker/Dockerfile).
+        {"name": "PYTHONPATH", "value": HOOK_DIR},
+    ]
     st = startup_probe_timing(m, pool)
     return {
         "name": "vllm",
@@ -237,7 +247,7 @@ def vllm_container(m: ModelConfig, pool: GpuPoolInfo, hf_secret: Optional[str], 
         "args": vllm_args(m, shutdown_timeout_s=b.shutdown_s),
         "ports": [{"name": HTTP_PORT_NAME, "containerPort": e.port, "protocol": "TCP"}],
         "env": env,
-        "resources": {"requests": dict(res), "limits": dict(res)},
+        "resources": {"requests": {**res, **cache_requests(m)}, "limits": dict(res)},
         "volumeMounts": [
             {"name": "shm", "mountPath": "/dev/shm"},
             {"name": "model-cache", "mountPath": MODELS_MOUNT},
@@ -315,6 +325,17 @@ def drain_sidecar(m: ModelConfig, runtime_image: Any) -> dict[str, Any]:
             {"name": "drain", "mountPath": DRAIN_MOUNT},
             {"name": "drain-api", "mountPath": SA_MOUNT, "readOnly": True},
         ],
+        # Started only once it serves, which is after the hook's files are in the drain volume
+        # (hook_install_command copies, then execs the sidecar): the kubelet starts the next
+        # container after a restartable init container's startup probe succeeds (kubernetes.io
+        # docs, Sidecar containers: "started" ... "as a result of its startupProbe succeeding"),
+        # so vLLM's `--middleware` import never races the copy.
+        "startupProbe": {
+            "httpGet": {"path": "/healthz", "port": DRAIN_PORT_NAME},
+            "periodSeconds": 1,
+            "timeoutSeconds": 1,
+            "failureThreshold": SIDECAR_STARTUP_S,
+        },
         # The readiness gate the drain flips: the pod leaves the endpoints within ~1 s.
         "readinessProbe": {
             "httpGet": {"path": "/ready", "port": DRAIN_PORT_NAME},

@@ -41,8 +41,15 @@ FLAGS: dict[str, bool] = {
     "--enable-prefix-caching": False,
     "--no-enable-prefix-caching": False,
     "--shutdown-timeout": True,
+    "--middleware": True,
     "--download-dir": True,
 }
+DRAIN_MIDDLEWARE = "drain_middleware.CloseWhenDraining"
+"""runtime/drain_middleware.py: `Connection: close` on every response once the pod drains, so pooled
+keep-alive clients leave it. vLLM imports it by this name (`--middleware`, a class is added with
+`app.add_middleware`: vllm/entrypoints/serve/middleware/register.py, 0.32.0 and 0.33.0) from the
+drain volume's hook folder, which the pod puts on the vLLM container's PYTHONPATH
+(components/serving/pod_spec.py)."""
 REMOVED_FLAGS = ("--swap-space", "--disable-log-requests", "--enable-chunked-prefill=true")
 
 
@@ -53,7 +60,7 @@ def _toggle(name: str, on: bool) -> str:
 def vllm_args(m: ModelConfig, download_dir: str | None = None, shutdown_timeout_s: int | None = None) -> list[str]:
     """`args` for the vLLM container (after `command: [vllm, serve]`). `--shutdown-timeout` comes
     from the placement's drain budget (components/serving/budget.py); without one, from the budget
-    of a pool with no notice."""
+    of a pool with no notice. `--middleware` is the drain's keep-alive closer (DRAIN_MIDDLEWARE)."""
     e = m.engine
     args = [
         m.model,
@@ -77,7 +84,7 @@ def vllm_args(m: ModelConfig, download_dir: str | None = None, shutdown_timeout_
     args.append(_toggle("enable-prefix-caching", e.enable_prefix_caching))
     if shutdown_timeout_s is None:
         shutdown_timeout_s = model_budget(m, "on-demand", 0, None).shutdown_s
-    args += ["--shutdown-timeout", str(shutdown_timeout_s)]
+    args += ["--shutdown-timeout", str(shutdown_timeout_s), "--middleware", DRAIN_MIDDLEWARE]
     if download_dir is not None:
         args += ["--download-dir", download_dir]
     return args

@@ -23,6 +23,7 @@ from components.options import inherited_depends_on
 from components.serving.autoscale import KEDA_API, hpa_spec, scaled_object_spec
 from components.serving.objects import (
     JOB_LABEL,
+    deployment_annotations,
     drain_rbac_rules,
     drain_service_name,
     drain_service_spec,
@@ -44,7 +45,6 @@ from components.serving.pod_spec import (
     object_labels,
     pvc_name,
     shared_service_name,
-    startup_budget_s,
 )
 
 OPENAI_BASE_PATH = "/v1"
@@ -67,6 +67,8 @@ class VllmServingArgs:
     """Overrides observability.prometheus_url for the autoscaler (PlatformAddons.prometheus_url)."""
     cuda_tracing: bool = False
     """The cluster's eBPF agent traces CUDA calls (renders the CudaLaunchStall alert)."""
+    overflow_from: tuple[str, ...] = ()
+    """The primaries whose overflow this cluster's router sends here (the autoscaler's unplaced demand)."""
 
 
 class VllmServing(pulumi.ComponentResource):
@@ -136,7 +138,7 @@ class VllmServing(pulumi.ComponentResource):
 
         deployment = k8s.apps.v1.Deployment(
             f"{name}-deployment",
-            metadata=meta(app, annotations={"pulumi.com/timeoutSeconds": str(startup_budget_s(m, args.pool) + 600)}),
+            metadata=meta(app, annotations=deployment_annotations(m, args.pool)),
             spec=deployment_spec(
                 m, app, args.placement, args.pool, args.cloud, args.spot_notice_s, hf_secret, args.labels, args.runtime_image
             ),
@@ -169,7 +171,8 @@ class VllmServing(pulumi.ComponentResource):
                 opts=child,
             )
 
-        k8s.policy.v1.PodDisruptionBudget(f"{name}-pdb", metadata=meta(app), spec=pdb_spec(m), opts=child)
+        if args.pool.no_pdb_reason is None:  # else nothing would end a drain's wait on it
+            k8s.policy.v1.PodDisruptionBudget(f"{name}-pdb", metadata=meta(app), spec=pdb_spec(m), opts=child)
 
         if m.autoscaling.enabled:
             if m.autoscaling.mode == "keda":
@@ -179,7 +182,7 @@ class VllmServing(pulumi.ComponentResource):
                     api_version=KEDA_API,
                     kind="ScaledObject",
                     metadata=meta(app),
-                    spec=ns.apply(lambda n: scaled_object_spec(m, args.placement, app, n, prom)),
+                    spec=ns.apply(lambda n: scaled_object_spec(m, args.placement, app, n, prom, args.overflow_from)),
                     opts=pulumi.ResourceOptions(parent=self, depends_on=[*after, deployment]),
                 )
             else:

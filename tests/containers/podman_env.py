@@ -6,8 +6,10 @@ replaced by build args pointing at local stand-ins:
   - `debian:12.x-slim` <- `debootstrap --variant=minbase bookworm` imported into podman;
   - `python:3.11.x-slim-bookworm` <- that base plus Debian's python3 (3.11, the same minor).
 pip inside a build cannot reach the index (CONTAINERS.md), so the host `pip download`s each image's
-pinned requirements into its context's (gitignored) `wheels/` and the build installs with
-`--no-index`.
+pinned requirements and the build installs with `--no-index`. The build context is a copy, under the
+cache, of exactly what pulumi-docker-build sends (the files its hash covers:
+components/images/context.py) with the wheels added to its `wheels/`: a test run leaves nothing in
+`bpf/` or `runtime/` that would change an image's tag.
 
 Everything is cached: the rootfs tarball under `.container-cache/` (gitignored; override with
 GPUINFRA_CONTAINER_CACHE), the stand-ins and the built images in podman's store, tagged by a hash
@@ -138,7 +140,8 @@ def _digest(*parts: bytes) -> str:
 
 def build(tag_repo: str, context: Path, dockerfile: Path, build_args: dict[str, str], extra_inputs: bytes = b"") -> str:
     """`podman build` unless an image of the same inputs exists; returns its reference."""
-    files = sorted(p for p in context.rglob("*") if p.is_file() and "__pycache__" not in p.parts and p.name != ".lock")
+    files = sorted(p for p in context.rglob("*") if p.is_file() and "__pycache__" not in p.parts
+                   and p.name not in (".lock", ".complete"))
     tag = _digest(
         dockerfile.read_bytes(),
         repr(sorted(build_args.items())).encode(),
@@ -162,16 +165,37 @@ def python_standin() -> str:
                  {"BASE": base}, image_id(base).encode())
 
 
-def download_wheels(context: Path) -> None:
-    """The context's pinned requirements, as wheels in its `wheels/` (what the build installs)."""
-    req = context / "requirements.txt"
-    stamp = context / "wheels" / f".{_digest(req.read_bytes())}"
+def download_wheels(requirements: Path, dest: Path) -> None:
+    """The pinned requirements, as wheels in `dest` (what the build installs), once per content."""
+    stamp = dest / f".{_digest(requirements.read_bytes())}"
     if stamp.exists():
         return
-    _log(f"pip download -r {req.relative_to(ROOT)}")
+    _log(f"pip download -r {requirements.relative_to(ROOT) if requirements.is_relative_to(ROOT) else requirements}")
+    dest.mkdir(parents=True, exist_ok=True)
     _checked([sys.executable, "-m", "pip", "download", "--quiet", "--only-binary=:all:", "--no-deps",
-              "-r", str(req), "-d", str(context / "wheels")], timeout=600)
+              "-r", str(requirements), "-d", str(dest)], timeout=600)
     stamp.touch()
+
+
+def staged_context(context: Path, dockerfile: Path, name: str) -> Path:
+    """What pulumi-docker-build would send of `context` (its hashed files, with their modes), plus
+    the pinned wheels in `wheels/`, in a folder of the cache keyed by that content."""
+    from components.images.context import context_files, provider_context_hash
+
+    stage = CACHE / "contexts" / f"{name}-{provider_context_hash(context, dockerfile)[:16]}"
+    if not (stage / ".complete").exists():
+        shutil.rmtree(stage, ignore_errors=True)
+        for rel, path, _ in context_files(context, dockerfile):
+            (stage / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, stage / rel)
+        if (context / "requirements.txt").exists():
+            wheels = CACHE / "wheels" / name
+            download_wheels(context / "requirements.txt", wheels)
+            (stage / "wheels").mkdir(exist_ok=True)
+            for whl in wheels.glob("*.whl"):
+                shutil.copy2(whl, stage / "wheels" / whl.name)
+        (stage / ".complete").touch()
+    return stage
 
 
 def build_project_image(dockerfile: Path) -> str:
@@ -182,11 +206,11 @@ def build_project_image(dockerfile: Path) -> str:
         text = dockerfile.read_text()
         args = {k: v for k, v in bases.items() if f"ARG {k}=" in text}
         ids = b"".join(image_id(v).encode() for v in args.values())
-        if (context / "requirements.txt").exists():
-            download_wheels(context)
-            args["PIP_ARGS"] = "--no-index"
         name = context.relative_to(ROOT).as_posix().replace("/", "-")
-        return build(f"{TEST_REPO}/{name}", context, dockerfile, args, ids)
+        stage = staged_context(context, dockerfile, name)
+        if (context / "requirements.txt").exists():
+            args["PIP_ARGS"] = "--no-index"
+        return build(f"{TEST_REPO}/{name}", stage, stage / dockerfile.relative_to(context), args, ids)
 
 
 PODMAN_DEFAULT_SECCOMP = Path("/usr/share/containers/seccomp.json")

@@ -64,6 +64,11 @@ def _env(extra: dict[str, str]) -> dict[str, str]:
         "VLLM_CACHE_ROOT": str(CACHE / "vllm"), "VLLM_NO_USAGE_STATS": "1", "VLLM_DO_NOT_TRACK": "1",
         # CPU-only knob: KV cache size in GiB (the GPU flag --gpu-memory-utilization has no effect).
         "VLLM_CPU_KVCACHE_SPACE": "1",
+        # The rendered args load `--middleware drain_middleware.CloseWhenDraining`, which the pod
+        # imports from its drain volume (PYTHONPATH); a server outside a replica takes it from the
+        # repo, with no drain flag (tests/e2e/replica.py gives a replica its own).
+        "PYTHONPATH": str(ROOT / "runtime"),
+        "DRAIN_FLAG": str(CACHE / "no-drain-flag"),
     })
     env.update(extra)
     return env

@@ -128,14 +128,35 @@ class FakeApi:
         self.server.server_close()
 
 
+KARPENTER_DRAIN_REQUEUE_S = 1.0
+"""kubernetes-sigs/karpenter v1.14.1 pkg/controllers/node/termination/controller.go `awaitDrain`:
+`reconcile.Result{RequeueAfter: 1 * time.Second}` while pods wait for eviction."""
+
+
+def karpenter_termination_time(nodeclaim_deleted_at: float, nodepool_grace_s: int) -> float:
+    """The NodeClaim's `karpenter.sh/nodeclaim-termination-timestamp`: its deletionTimestamp (whole
+    seconds, metav1.Time) + terminationGracePeriod, written as RFC 3339, whole seconds
+    (v1.14.1 pkg/controllers/nodeclaim/lifecycle/controller.go
+    `ensureTerminationGracePeriodTerminationTimeAnnotation`)."""
+    return float(int(nodeclaim_deleted_at) + nodepool_grace_s)
+
+
+def karpenter_force_delete(now: float, node_termination_time: float, pod_grace_s: int) -> Optional[int]:
+    """The grace Karpenter deletes a pod with at `now`, bypassing its PDB, or None while it still
+    asks the Eviction API (v1.14.1 pkg/controllers/node/termination/terminator/terminator.go
+    `DeleteExpiringPods`: delete once `now > nodeTerminationTime - terminationGracePeriodSeconds`
+    (`podDeleteTimeWithGracePeriod`) with `max(int64(nodeTerminationTime - now), 1)` seconds)."""
+    if now > node_termination_time - pod_grace_s:
+        return max(int(node_termination_time - now), 1)
+    return None
+
+
 @dataclass
 class KarpenterDrain:
-    """Karpenter's drain of one pod after the NodeClaim's deletion at `deleted_at` (monotonic):
-    evict, retry a 429, and once `now > nodeTerminationTime - pod.terminationGracePeriodSeconds`
-    delete it with the time left, bypassing the PDB (kubernetes-sigs/karpenter
-    pkg/controllers/node/termination/terminator/eviction.go `Reconcile`, `needsForceDelete`,
-    `forceDelete`; nodeTerminationTime = deletion + the NodePool's terminationGracePeriod,
-    pkg/controllers/nodeclaim/lifecycle/controller.go)."""
+    """Karpenter v1.14.1's drain of one pod after the NodeClaim's deletion at `deleted_at`
+    (time.time(): the annotation is wall-clock, whole seconds): every reconcile (each second) it
+    first deletes a pod whose grace would outlast nodeTerminationTime (`DeleteExpiringPods`), else
+    asks the Eviction API again and takes a 429 (terminator.go `Drain`, eviction.go `Evict`)."""
 
     api: FakeApi
     pod: str
@@ -146,15 +167,16 @@ class KarpenterDrain:
     how: Optional[str] = None
     at: Optional[float] = None
     grace_given_s: Optional[float] = None
+    node_termination_time: Optional[float] = None
 
-    def run(self, on_delete: Callable[[float], None], requeue_s: float = 0.5) -> None:
-        node_termination = self.deleted_at + self.nodepool_grace_s
+    def run(self, on_delete: Callable[[float], None], requeue_s: float = KARPENTER_DRAIN_REQUEUE_S) -> None:
+        self.node_termination_time = karpenter_termination_time(self.deleted_at, self.nodepool_grace_s)
         while True:
-            now = time.monotonic()
-            if now > node_termination - self.pod_grace_s:
+            now = time.time()
+            grace = karpenter_force_delete(now, self.node_termination_time, self.pod_grace_s)
+            if grace is not None:
                 self.api.delete(self.pod)
-                self.how, self.at = "forced", now
-                self.grace_given_s = max(node_termination - now, 1)
+                self.how, self.at, self.grace_given_s = "forced", now, float(grace)
                 break
             if self.api.evict(self.pod) == 201:
                 self.how, self.at, self.grace_given_s = "evicted", now, float(self.pod_grace_s)

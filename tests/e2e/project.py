@@ -8,6 +8,7 @@ dashboard read off the recorded Kubernetes objects.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from dataclasses import dataclass, field
@@ -16,10 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from components.serving.alerts import CUDA_METRIC, DRAIN_METRIC  # noqa: F401 - re-exported for the tests
+from components.serving.pod_spec import HOOK_DIR, HOOK_FILES  # noqa: F401 - re-exported for the tests
 from components.serving.vllm_args import HOST, parse_args
 from tools.offline import ROOT, run_program, stack_config
 
-DRAIN_PY = ROOT / "runtime" / "drain.py"
+RUNTIME_DIR = ROOT / "runtime"
+DRAIN_PY = RUNTIME_DIR / "drain.py"
 SIDECAR_PY = ROOT / "runtime" / "sidecar.py"
 BPF_DIR = ROOT / "bpf"
 E2E_STACK = "dev"
@@ -181,6 +184,53 @@ def rendered_spot_pod(stack: str = E2E_STACK) -> RenderedPod:
 
     return RenderedPod(
         model=_model(run), grace_s=int(pod["terminationGracePeriodSeconds"]),
+        prestop=list(vllm["lifecycle"]["preStop"]["exec"]["command"]),
+        liveness_grace_s=int(vllm["livenessProbe"]["terminationGracePeriodSeconds"]),
+        vllm_user=user(vllm), sidecar_user=user(side),
+        drain_volume=next(v for v in pod["volumes"] if v["name"] == "drain"),
+        pdb=dict(pdb.inputs["spec"]), nodepool_grace_s=int(grace[:-1]),
+    )
+
+
+PROD_DRAINED = ("prod", "prod-use1", "llama-70b", "h100")
+"""(stack, cluster, model, pool): prod's primary on AWS spot H100, whose drain settings the pooled
+keep-alive lifecycle test plays (tests/e2e/test_drain_keepalive.py)."""
+DRAIN_FLAGS = ("--shutdown-timeout", "--middleware")
+"""The vLLM flags that belong to the drain (components/serving/vllm_args.py)."""
+
+
+@lru_cache(maxsize=None)
+def rendered_prod_pod() -> RenderedPod:
+    """PROD_DRAINED's pod as the real program renders prod as committed: its grace, preStop, drain
+    env, sidecar, users, PDB and its NodePool's terminationGracePeriod, and prod's drain flags
+    (`--shutdown-timeout`, `--middleware`). Its engine flags (70B FP8 at TP 4) need GPUs, so the
+    vLLM runs the e2e model's (dev's, `rendered_spot_pod`) with prod's drain flags in place."""
+    stack, cluster, name, pool = PROD_DRAINED
+    run = run_program(stack)
+    dep = next(r for r in run.by_type("kubernetes:apps/v1:Deployment") if r.name == f"{cluster}-{name}-deployment")
+    pod = dep.inputs["spec"]["template"]["spec"]
+    vllm = next(c for c in pod["containers"] if c["name"] == "vllm")
+    side = next(c for c in pod["initContainers"] if c["name"] == "spot-drain")
+    pdb = next(r for r in run.by_type("kubernetes:policy/v1:PodDisruptionBudget") if r.name == f"{cluster}-{name}-pdb")
+    nodepool = next(r for r in run.by_type("kubernetes:karpenter.sh/v1:NodePool") if r.name == f"{cluster}-karpenter-{pool}-spot")
+    grace = nodepool.inputs["spec"]["template"]["spec"]["terminationGracePeriod"]
+    assert re.fullmatch(r"[0-9]+s", grace), grace
+    prod_flags = parse_args(list(vllm["args"]))
+    cpu = rendered_spot_pod()
+    args = list(cpu.model.vllm_args)
+    for flag in DRAIN_FLAGS:
+        args[args.index(flag) + 1] = str(prod_flags[flag])
+    model = dataclasses.replace(
+        cpu.model, vllm_args=args, flags=parse_args(args), vllm_env=_env(vllm), sidecar_env=_env(side),
+        termination_grace_period_s=int(pod["terminationGracePeriodSeconds"]),
+        readiness_period_s=int(side["readinessProbe"]["periodSeconds"]))
+
+    def user(c: dict[str, Any]) -> tuple[int, int]:
+        sc = c.get("securityContext", {})
+        return int(sc.get("runAsUser", 0)), int(sc.get("runAsGroup", sc.get("runAsUser", 0)))
+
+    return RenderedPod(
+        model=model, grace_s=int(pod["terminationGracePeriodSeconds"]),
         prestop=list(vllm["lifecycle"]["preStop"]["exec"]["command"]),
         liveness_grace_s=int(vllm["livenessProbe"]["terminationGracePeriodSeconds"]),
         vllm_user=user(vllm), sidecar_user=user(side),

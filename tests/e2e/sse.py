@@ -63,13 +63,14 @@ class Stream:
         return [b - a for a, b in zip(t, t[1:])]
 
 
-def completion_request(host: str, port: int, model: str, prompt: str, max_tokens: int) -> bytes:
+def completion_request(host: str, port: int, model: str, prompt: str, max_tokens: int, keep_alive: bool = False) -> bytes:
     body = json.dumps({
         "model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
         "stream": True, "ignore_eos": True, "stream_options": {"include_usage": True},
     }).encode()
+    conn = "" if keep_alive else "Connection: close\r\n"  # HTTP/1.1 is persistent unless told
     head = (f"POST {COMPLETIONS} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
-            f"Accept: text/event-stream\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n")
+            f"Accept: text/event-stream\r\nContent-Length: {len(body)}\r\n{conn}\r\n")
     return head.encode() + body
 
 
@@ -188,6 +189,81 @@ def classify(s: Stream) -> None:
         s.outcome = "empty" if not s.text else "cut"
     else:
         s.outcome = "complete"
+
+
+@dataclass
+class PooledStream(Stream):
+    """A stream on a pooled connection: which endpoint served it, whether the connection had served
+    a request before (kept alive), and whether the server closed it after this response."""
+
+    endpoint: str = ""
+    reused: bool = False
+    closed_by_server: bool = False
+    sent_at: float = 0.0
+
+
+class Pooled:
+    """One connection of a consumer's HTTP/1.1 pool: requests one after another on the same socket
+    (no `Connection: close`); a new connection, through `connect` (the Service: which endpoint is
+    chosen at connect time), only once the server closed the old one, as an HTTP/1.1 client must
+    after a `Connection: close` response (RFC 9112 section 9.6), or found it closed while idle (a
+    pool's stale-connection check)."""
+
+    def __init__(self, connect) -> None:
+        self.connect = connect  # async () -> (reader, writer, endpoint name)
+        self.reader: Optional[asyncio.StreamReader] = None
+        self.writer: Optional[asyncio.StreamWriter] = None
+        self.endpoint = ""
+        self.served = 0
+        self.connections: list[str] = []
+
+    def _close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+        self.reader = self.writer = None
+
+    async def completion(self, host: str, port: int, model: str, prompt: str, max_tokens: int,
+                         timeout: float) -> PooledStream:
+        if self.reader is not None and self.reader.at_eof():
+            self._close()  # closed by the server while idle: the pool opens another
+        if self.writer is None:
+            self.reader, self.writer, self.endpoint = await self.connect()
+            self.connections.append(self.endpoint)
+            self.served = 0
+        s = PooledStream(started=time.monotonic(), endpoint=self.endpoint, reused=self.served > 0)
+        raw = bytearray()
+        try:
+            async with asyncio.timeout(timeout):
+                self.writer.write(completion_request(host, port, model, prompt, max_tokens, keep_alive=True))
+                await self.writer.drain()
+                s.sent_at = time.monotonic()
+                head = await self.reader.readuntil(b"\r\n\r\n")
+                raw += head
+                headers = {k.strip().lower(): v.strip() for k, _, v in
+                           (l.partition(":") for l in head.decode("latin-1").split("\r\n")[1:] if l)}
+                s.closed_by_server = "close" in headers.get("connection", "").lower()
+                if headers.get("transfer-encoding") == "chunked":
+                    while True:
+                        line = await self.reader.readuntil(b"\r\n")
+                        raw += line
+                        size = int(line.split(b";")[0], 16)
+                        chunk = await self.reader.readexactly(size + 2)
+                        raw += chunk
+                        s.token_times += [time.monotonic()] * len(re.findall(rb'"text":"(?!")', chunk))
+                        if size == 0:
+                            break
+                else:
+                    raw += await self.reader.readexactly(int(headers.get("content-length", "0")))
+        except (TimeoutError, asyncio.TimeoutError):
+            s.error = "timeout"
+        except (asyncio.IncompleteReadError, ConnectionError, OSError, ValueError) as e:
+            s.error = f"{type(e).__name__}: {e}"
+        s.raw = bytes(raw)
+        classify(s)
+        self.served += 1
+        if s.error or s.closed_by_server:
+            self._close()
+        return s
 
 
 async def many(host: str, port: int, model: str, n: int, max_tokens: int, timeout: float,

@@ -95,8 +95,22 @@ def hold_on_primary(r, p: engines.VllmServer, model) -> tuple[HeldStream, list[i
     return long, paused
 
 
+def reads_three_series(srv: engines.VllmServer) -> None:
+    """The agent's cheap source (issue 32 item 5): vLLM mounts prometheus_client's make_asgi_app on
+    `/metrics<anything>` behind the instrumentator's own `GET /metrics` (which ignores a filter:
+    measured, the whole page came back), so `/metrics/?name[]=` answers with only those series; the
+    agent parses the same load from it as from the whole page."""
+    full = agent_check._get(f"{srv.url}/metrics", 10)
+    filtered = agent_check._get(agent_check.load_url(f"{srv.url}/metrics"), 10)
+    names = (agent_check.RUNNING, agent_check.WAITING, *agent_check.KV_USAGE)
+    assert filtered and full and len(filtered) * 10 < len(full), (len(filtered or ""), len(full or ""))
+    got = agent_check.parse_samples(filtered, names)
+    assert set(got) == set(names) and got == agent_check.parse_samples(full, names), got
+
+
 def test_overflow_past_the_cap_goes_to_economy(pair, model, tmp_path, agents):
     p, e = pair
+    reads_three_series(p)
     r = router_for(tmp_path, pair, 1, *agents)
     try:
         long, paused = hold_on_primary(r, p, model)

@@ -119,39 +119,76 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-STUB_C = r"""
+STUB_HEAD = r"""
 #include <stddef.h>
 volatile unsigned long stub_calls;
 #define STUB(name, ...) __attribute__((noinline, visibility("default"))) int name(__VA_ARGS__) \
 	{ stub_calls++; __asm__ volatile("" ::: "memory"); return 0; }
-STUB(cudaLaunchKernel, const void *f, unsigned long long grid, unsigned long long block, void **args, size_t shm, void *stream)
+"""
+STUB_DRIVER_C = STUB_HEAD + r"""
+/* The driver's launch entry points (cuda.h), and the _ptsz forms a per-thread default stream
+ * build calls (cuda.h maps cuLaunchKernel through __CUDA_API_PTSZ). */
+STUB(cuLaunchKernel, void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned shm, void *stream, void **args, void **extra)
+STUB(cuLaunchKernel_ptsz, void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned shm, void *stream, void **args, void **extra)
+STUB(cuLaunchKernelEx, const void *config, void *f, void **args, void **extra)
+STUB(cuLaunchKernelEx_ptsz, const void *config, void *f, void **args, void **extra)
+STUB(cuGraphLaunch, void *exec, void *stream)
+STUB(cuGraphLaunch_ptsz, void *exec, void *stream)
+"""
+STUB_RUNTIME_C = STUB_HEAD + r"""
+int cuLaunchKernel(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void *, void **, void **);
+int cuLaunchKernel_ptsz(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void *, void **, void **);
+int cuLaunchKernelEx(const void *, void *, void **, void **);
+int cuLaunchKernelEx_ptsz(const void *, void *, void **, void **);
+int cuGraphLaunch(void *, void *);
+int cuGraphLaunch_ptsz(void *, void *);
+/* Like libcudart: each launch calls the driver's exported entry point (work after the call keeps
+ * it from being a tail jump, as the real runtime checks the result). */
+#define FORWARD(name, call, ...) __attribute__((noinline, visibility("default"))) int name(__VA_ARGS__) \
+	{ int r = call; stub_calls++; __asm__ volatile("" ::: "memory"); return r; }
+FORWARD(cudaLaunchKernel, cuLaunchKernel((void *)f, 1, 1, 1, 1, 1, 1, (unsigned)shm, stream, args, NULL),
+        const void *f, unsigned long long grid, unsigned long long block, void **args, size_t shm, void *stream)
+FORWARD(cudaLaunchKernel_ptsz, cuLaunchKernel_ptsz((void *)f, 1, 1, 1, 1, 1, 1, (unsigned)shm, stream, args, NULL),
+        const void *f, unsigned long long grid, unsigned long long block, void **args, size_t shm, void *stream)
+FORWARD(cudaLaunchKernelExC, cuLaunchKernelEx(config, (void *)f, args, NULL), const void *config, const void *f, void **args)
+FORWARD(cudaLaunchKernelExC_ptsz, cuLaunchKernelEx_ptsz(config, (void *)f, args, NULL), const void *config, const void *f, void **args)
+FORWARD(cudaGraphLaunch, cuGraphLaunch(exec, stream), void *exec, void *stream)
+FORWARD(cudaGraphLaunch_ptsz, cuGraphLaunch_ptsz(exec, stream), void *exec, void *stream)
+/* Calls probed at the runtime (no driver probe sees them). cuda_runtime_api.h maps cudaMemcpyAsync
+ * and cudaStreamSynchronize to __CUDART_API_PTSZ(api) = api##_ptsz under per-thread streams. */
 STUB(cudaMalloc, void **p, size_t n)
 STUB(cudaMemcpyAsync, void *d, const void *s, size_t n, int kind, void *stream)
+STUB(cudaMemcpyAsync_ptsz, void *d, const void *s, size_t n, int kind, void *stream)
 STUB(cudaStreamSynchronize, void *stream)
-STUB(cuLaunchKernel, void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned shm, void *stream, void **args, void **extra)
-STUB(cudaGraphLaunch, void *exec, void *stream)
-/* What a --default-stream per-thread build calls: cuda_runtime_api.h maps cudaLaunchKernel and
- * cudaGraphLaunch to __CUDART_API_PTSZ(api) = api##_ptsz, cuda.h maps cuLaunchKernel likewise. */
-STUB(cudaLaunchKernel_ptsz, const void *f, unsigned long long grid, unsigned long long block, void **args, size_t shm, void *stream)
-STUB(cudaGraphLaunch_ptsz, void *exec, void *stream)
-STUB(cuLaunchKernel_ptsz, void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned shm, void *stream, void **args, void **extra)
+STUB(cudaStreamSynchronize_ptsz, void *stream)
 """
-STUB_RUNTIME_SYMBOLS = 7  # of agent.programs.CUDA_CALLS, the libcudart ones the stub exports
-STUB_DRIVER_SYMBOLS = 2
+STUB_RUNTIME_SYMBOLS = 5  # of agent.cudalat's probed symbols, the libcudart ones the stub exports
+STUB_DRIVER_SYMBOLS = 6
+
+
+def build_stub_libraries(d, driver_c: str = STUB_DRIVER_C, driver_version: int = 1) -> dict[str, str]:
+    """libcuda.so.<driver_version> (the driver's launch entry points) and libcudart.so.12, whose
+    launches call the driver's, linked to it by absolute rpath so a copy of it elsewhere still
+    finds it. A second pair in one process needs another driver version: the loader gives a
+    DT_NEEDED name the library already loaded under that soname."""
+    d = str(d)
+    driver = f"libcuda.so.{driver_version}"
+    out = {}
+    for lib, src, extra in ((driver, driver_c, [f"-Wl,-soname,{driver}"]),
+                            ("libcudart.so.12", STUB_RUNTIME_C, [os.path.join(d, driver), f"-Wl,-rpath,{d}"])):
+        c = os.path.join(d, lib.split(".")[0] + ".c")
+        with open(c, "w") as f:
+            f.write(src)
+        path = os.path.join(d, lib)
+        subprocess.run(["clang", "-O2", "-shared", "-fPIC", "-o", path, c, *extra], check=True, timeout=60)
+        out[lib.split(".")[0]] = path
+    return out
 
 
 @pytest.fixture(scope="session")
 def cuda_stubs(kernel, tmp_path_factory) -> dict[str, str]:
     """Stub libcudart.so.12 and libcuda.so.1 exporting the real CUDA symbol names."""
-    d = tmp_path_factory.mktemp("cudastub")
-    src = d / "stub.c"
-    src.write_text(STUB_C)
-    out = {}
-    for lib in ("libcudart.so.12", "libcuda.so.1"):
-        path = str(d / lib)
-        subprocess.run(["clang", "-O2", "-shared", "-fPIC", "-o", path, str(src)], check=True, timeout=60)
-        out[lib.split(".")[0]] = path
-    return out
+    return build_stub_libraries(tmp_path_factory.mktemp("cudastub"))
 
 
 _libc = ctypes.CDLL(None, use_errno=True)

@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """Pure agent logic (no kernel, no root): cgroup resolution, bucket conversion, config, maps scan."""
+import os
 import re
 
 import pytest
@@ -124,6 +125,12 @@ def test_a_cgroup_is_dead_only_when_two_walks_miss_it():
     ({"GPUINFRA_EBPF_TCPBP_THRESHOLD_PCT": "0"}, "1..100"),
     ({"GPUINFRA_EBPF_ALLOW_CLIENTS": "pod:x"}, "cgroup:<path> or namespace:<name>"),
     ({"GPUINFRA_EBPF_UNPIN_ON_EXIT": "maybe"}, "true or false"),
+    ({"GPUINFRA_EBPF_CUDA_SAMPLE_FRACTION": "0"}, "GPUINFRA_EBPF_CUDA_SAMPLE_FRACTION='0': 0; allowed: 0.01 to 1"),
+    ({"GPUINFRA_EBPF_CUDA_SAMPLE_FRACTION": "1.5"}, "allowed: 0.01 to 1"),
+    ({"GPUINFRA_EBPF_CUDA_SAMPLE_FRACTION": "nan"}, "allowed: 0.01 to 1"),
+    ({"GPUINFRA_EBPF_CUDA_SAMPLE_FRACTION": "a tenth"}, "allowed: 0.01 to 1"),
+    ({"GPUINFRA_EBPF_CUDA_SAMPLE_PERIOD_SECONDS": "0"}, "allowed: 1 to 3600 seconds"),
+    ({"GPUINFRA_EBPF_CUDA_SAMPLE_PERIOD_SECONDS": "inf"}, "allowed: 1 to 3600 seconds"),
 ])
 def test_env_values_get_the_flags_validation_and_a_clear_error(env, needle, capsys):
     """An environment variable is validated like its flag: exit 2 with the variable named, no traceback."""
@@ -139,6 +146,8 @@ def test_env_values_get_the_flags_validation_and_a_clear_error(env, needle, caps
     (["--ports", ",".join(str(8000 + i) for i in range(17))], "at most 16"),
     (["--cuda-rescan-seconds", "0"], "> 0"),
     (["--cgroup-gc-seconds", "nan"], "> 0"),
+    (["--cuda-sample-fraction", "0.001"], "allowed: 0.01 to 1"),
+    (["--cuda-sample-period-seconds", "0.5"], "allowed: 1 to 3600 seconds"),
 ])
 def test_flags_reject_what_would_disable_or_spin(argv, needle, capsys):
     with pytest.raises(SystemExit):
@@ -193,6 +202,73 @@ def test_missing_kernel_btf_is_a_clear_error_before_anything_is_touched(monkeypa
     msgs = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
     assert len(msgs) == 1 and "kernel BTF" in msgs[0] and "CONFIG_DEBUG_INFO_BTF=y" in msgs[0], msgs
     assert not pins.exists()
+
+
+# ---- cudalat's duty cycle (issue 35) --------------------------------------------------------------
+
+
+def test_window_lengths_split_the_period_by_the_fraction():
+    from agent.cudalat import window_lengths
+
+    assert window_lengths(0.1, 30) == pytest.approx((3.0, 27.0))
+    assert window_lengths(1, 30) == (30, 0)
+    for bad in (0, 0.009, 1.01, float("nan")):
+        with pytest.raises(ValueError, match="allowed: 0.01 to 1"):
+            window_lengths(bad, 30)
+    with pytest.raises(ValueError, match="seconds > 0"):
+        window_lengths(0.5, 0)
+
+
+@given(fraction=st.floats(0.01, 0.99), period=st.floats(1, 3600), since=st.floats(0, 1e6))
+def test_next_switch_alternates_open_and_closed_over_one_period(fraction, period, since):
+    """An open window closes after fraction x period; the next opens (1 - fraction) x period after
+    that: one window per period, open the configured share of it."""
+    from agent.cudalat import next_switch
+
+    close = next_switch(True, since, fraction, period)
+    reopen = next_switch(False, close, fraction, period)
+    assert close - since == pytest.approx(fraction * period)
+    assert reopen - since == pytest.approx(period)
+
+
+def test_at_fraction_one_the_probes_stay_attached():
+    from agent.cudalat import next_switch
+
+    assert next_switch(True, 5.0, 1.0, 30) == float("inf")
+    assert next_switch(False, 5.0, 1.0, 30) == float("inf"), "a window that could not open waits for a rescan"
+
+
+def test_symbol_offsets_of_a_shared_library_are_libbpfs(tmp_path):
+    """agent.cudalibs.symbol_offsets (what uprobe_multi links attach at) against libbpf.so.1's own
+    exports as `nm -D` lists them, converted from address to file offset through the PT_LOAD
+    headers `readelf -lW` prints."""
+    import re
+    import shutil
+    import subprocess
+
+    from agent.cudalibs import symbol_offsets
+
+    if not (shutil.which("nm") and shutil.which("readelf")):
+        pytest.skip("binutils (nm, readelf) missing")
+    lib = "/usr/lib/x86_64-linux-gnu/libbpf.so.1"
+    if not os.path.exists(lib):
+        pytest.skip(f"{lib} missing")
+    loads = [tuple(int(x, 16) for x in m.groups()) for m in re.finditer(
+        r"LOAD\s+(0x[0-9a-f]+)\s+(0x[0-9a-f]+)\s+0x[0-9a-f]+\s+(0x[0-9a-f]+)",
+        subprocess.run(["readelf", "-lW", lib], capture_output=True, text=True, check=True).stdout)]
+    want = {}
+    for line in subprocess.run(["nm", "-D", "--defined-only", lib], capture_output=True, text=True,
+                               check=True).stdout.splitlines():
+        addr, kind, name = line.split()
+        name = name.split("@")[0]
+        if kind == "T" and name in ("bpf_link__destroy", "bpf_object__load", "libbpf_num_possible_cpus"):
+            (off,) = [int(addr, 16) - va + fo for fo, va, sz in loads if va <= int(addr, 16) < va + sz]
+            want[name] = off
+    assert len(want) == 3
+    assert symbol_offsets(lib, frozenset(want) | {"no_such_function"}) == want
+    (tmp_path / "x").write_bytes(b"not an ELF file at all, longer than a header" * 2)
+    with pytest.raises(ValueError, match="not a 64-bit"):
+        symbol_offsets(str(tmp_path / "x"), frozenset({"f"}))
 
 
 def test_the_router_splices_nothing_so_its_connections_keep_the_fast_path(tmp_path):

@@ -158,7 +158,7 @@ def _mine(pinned_sockhash: str):
     sockhash_id = json.loads(out)["id"]
 
     def programs():
-        from agent.libbpf import loaded_programs
+        from agent.drain import loaded_programs
 
         return [p for p in loaded_programs() if sockhash_id in p[2]]
     return programs

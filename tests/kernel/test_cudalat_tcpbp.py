@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""CUDA uprobes through stub libraries, and TCP send backpressure with slow and fast readers."""
+"""CUDA uprobes through stub libraries (a stub libcudart whose launches call a stub libcuda's, as the
+real runtime does), and TCP send backpressure with slow and fast readers."""
 from __future__ import annotations
 
 import ctypes
@@ -9,10 +10,12 @@ import struct
 import threading
 import time
 
+import pytest
 
 from conftest import STUB_DRIVER_SYMBOLS, STUB_RUNTIME_SYMBOLS
 
-from agent.programs import CudaLat, TcpBackpressure
+from agent.cudalat import CudaLat, RUNTIME_LAUNCH_KINDS, CUDA_CALLS
+from agent.programs import TcpBackpressure
 
 N_CALLS = 1000
 
@@ -21,9 +24,22 @@ def _cgroup_id(path: str) -> int:
     return os.stat(path).st_ino
 
 
+def _counts(unit: CudaLat, cg: int) -> dict[str, int]:
+    """Calls counted per `call` label for one cgroup (the exporter merges a symbol's _ptsz form)."""
+    out: dict[str, int] = {}
+    for cgid, call, slots, _ in unit.histograms():
+        if cgid == cg:
+            out[call] = out.get(call, 0) + sum(slots)
+    return out
+
+
+def _unit(bpf_build, pin_dir, *libraries, **kw) -> CudaLat:
+    return CudaLat(name="cudalat", bpf_dir=bpf_build, pin_dir=pin_dir, unpin_on_exit=True,
+                   libraries=tuple(libraries), scan_proc=None, **kw)
+
+
 def test_uprobe_histogram_counts_every_call(bpf_build, cuda_stubs, test_cgroup, pin_dir):
-    unit = CudaLat(name="cudalat", bpf_dir=bpf_build, pin_dir=pin_dir, unpin_on_exit=True,
-                   libraries=(cuda_stubs["libcudart"], cuda_stubs["libcuda"]), scan_proc=None)
+    unit = _unit(bpf_build, pin_dir, cuda_stubs["libcudart"], cuda_stubs["libcuda"])
     assert unit.start(), unit.error
     try:
         assert unit.probes == 2 * (STUB_RUNTIME_SYMBOLS + STUB_DRIVER_SYMBOLS), "entry+return per exported symbol"
@@ -35,23 +51,48 @@ def test_uprobe_histogram_counts_every_call(bpf_build, cuda_stubs, test_cgroup, 
             drv.cuLaunchKernel(None, 1, 1, 1, 1, 1, 1, 0, None, None, None)
         cg = _cgroup_id(test_cgroup)
         hist = {call: (sum(slots), sum_ns) for cgid, call, slots, sum_ns in unit.histograms() if cgid == cg}
-        assert hist["cudaLaunchKernel"][0] == N_CALLS, hist
+        assert hist["cuLaunchKernel"][0] == N_CALLS + 7, hist
         assert hist["cudaMalloc"][0] == 7, hist
-        assert hist["cuLaunchKernel"][0] == 7, hist
-        assert hist["cudaLaunchKernel"][1] > 0, hist
+        assert hist["cuLaunchKernel"][1] > 0, hist
         assert "cudaStreamSynchronize" not in hist, hist
+    finally:
+        unit.stop()
+
+
+@pytest.mark.parametrize("mode", ["uprobe_multi", "perf"])
+def test_a_runtime_launch_is_probed_once_at_the_driver(bpf_build, cuda_stubs, test_cgroup, pin_dir, mode):
+    """Issue 35: cudaLaunchKernel calls the driver's exported cuLaunchKernel, and probing both layers
+    made every launch pay two probe pairs (and count twice). The stub runtime forwards its launches
+    to the stub driver as libcudart does; each launch must be counted once, at the driver, and no
+    probe may sit on the runtime's launch symbols."""
+    unit = _unit(bpf_build, pin_dir, cuda_stubs["libcudart"], cuda_stubs["libcuda"], attach_mode=mode)
+    assert unit.start(), unit.error
+    try:
+        assert unit.active_mode == mode
+        runtime_launches = {CUDA_CALLS[k][1] for k in RUNTIME_LAUNCH_KINDS}
+        attached = unit.attached_symbols()
+        assert attached and not attached & runtime_launches, attached
+        rt = ctypes.CDLL(cuda_stubs["libcudart"])
+        for _ in range(N_CALLS):
+            rt.cudaLaunchKernel(None, 1, 1, None, 0, None)
+        for _ in range(11):
+            rt.cudaLaunchKernelExC(None, None, None)
+        for _ in range(13):
+            rt.cudaGraphLaunch(None, None)
+        assert _counts(unit, _cgroup_id(test_cgroup)) == {
+            "cuLaunchKernel": N_CALLS, "cuLaunchKernelEx": 11, "cuGraphLaunch": 13}
     finally:
         unit.stop()
 
 
 def test_graph_launch_and_ptsz_symbols_are_probed_and_counted_under_their_api(bpf_build, cuda_stubs, test_cgroup,
                                                                               pin_dir):
-    """vLLM decodes through CUDA graphs (cudaGraphLaunch); per-thread-default-stream builds call the
-    _ptsz symbols (cuda_runtime_api.h: #define cudaLaunchKernel __CUDART_API_PTSZ(cudaLaunchKernel),
-    i.e. cudaLaunchKernel_ptsz, under CUDA_API_PER_THREAD_DEFAULT_STREAM). A _ptsz call counts under
+    """vLLM decodes through CUDA graphs (cudaGraphLaunch -> the driver's cuGraphLaunch); per-thread
+    default stream builds call the _ptsz symbols (cuda_runtime_api.h: #define cudaLaunchKernel
+    __CUDART_API_PTSZ(cudaLaunchKernel), i.e. cudaLaunchKernel_ptsz, under
+    CUDA_API_PER_THREAD_DEFAULT_STREAM; cuda.h likewise for the driver). A _ptsz call counts under
     the API's name, so dashboards need one selector."""
-    unit = CudaLat(name="cudalat", bpf_dir=bpf_build, pin_dir=pin_dir, unpin_on_exit=True,
-                   libraries=(cuda_stubs["libcudart"], cuda_stubs["libcuda"]), scan_proc=None)
+    unit = _unit(bpf_build, pin_dir, cuda_stubs["libcudart"], cuda_stubs["libcuda"])
     assert unit.start(), unit.error
     try:
         rt, drv = ctypes.CDLL(cuda_stubs["libcudart"]), ctypes.CDLL(cuda_stubs["libcuda"])
@@ -60,13 +101,13 @@ def test_graph_launch_and_ptsz_symbols_are_probed_and_counted_under_their_api(bp
         for _ in range(5):
             rt.cudaGraphLaunch_ptsz(None, None)
             rt.cudaLaunchKernel_ptsz(None, 1, 1, None, 0, None)
+            rt.cudaLaunchKernelExC_ptsz(None, None, None)
+            rt.cudaMemcpyAsync_ptsz(None, None, 0, 0, None)
+            rt.cudaStreamSynchronize_ptsz(None)
         drv.cuLaunchKernel_ptsz(None, 1, 1, 1, 1, 1, 1, 0, None, None, None)
-        cg = _cgroup_id(test_cgroup)
-        hist: dict[str, int] = {}
-        for cgid, call, slots, _ in unit.histograms():  # one entry per symbol; the exporter merges them
-            if cgid == cg:
-                hist[call] = hist.get(call, 0) + sum(slots)
-        assert hist == {"cudaGraphLaunch": 8, "cudaLaunchKernel": 5, "cuLaunchKernel": 1}, hist
+        assert _counts(unit, _cgroup_id(test_cgroup)) == {
+            "cuGraphLaunch": 8, "cuLaunchKernel": 6, "cuLaunchKernelEx": 5, "cudaMemcpyAsync": 5,
+            "cudaStreamSynchronize": 5}
     finally:
         unit.stop()
 
@@ -152,16 +193,15 @@ def test_gc_drops_entries_of_deleted_cgroups_only(bpf_build, cuda_stubs, cgroup2
     from agent.cgroups import CgroupGc, CgroupResolver
     from tests.kernel.conftest import _in_cgroup
 
-    unit = CudaLat(name="cudalat", bpf_dir=bpf_build, pin_dir=pin_dir, unpin_on_exit=True,
-                   libraries=(cuda_stubs["libcudart"],), scan_proc=None)
+    unit = _unit(bpf_build, pin_dir, cuda_stubs["libcudart"])
     assert unit.start(), unit.error
     try:
         rt = ctypes.CDLL(cuda_stubs["libcudart"])
-        rt.cudaLaunchKernel(None, 1, 1, None, 0, None)  # in test_cgroup, which stays
+        rt.cudaMalloc(None, 16)  # in test_cgroup, which stays
         gone = os.path.join(cgroup2_root, f"gpuinfra-gc-{uuid.uuid4().hex[:8]}")
         os.mkdir(gone)
         with _in_cgroup(gone):
-            rt.cudaLaunchKernel(None, 1, 1, None, 0, None)
+            rt.cudaMalloc(None, 16)
         gone_id, live_id = _cgroup_id(gone), _cgroup_id(test_cgroup)
         os.rmdir(gone)
         assert {live_id, gone_id} <= {cg for cg, *_ in unit.histograms()}
@@ -235,10 +275,9 @@ def test_full_histogram_map_counts_dropped_events_and_exports_them(bpf_build, cu
     from prometheus_client import CollectorRegistry, generate_latest
 
     from agent.metrics import AgentCollector
-    from agent.programs import CUDA_HIST, CUDA_HIST_KEY
+    from agent.cudalat import CUDA_HIST, CUDA_HIST_KEY
 
-    unit = CudaLat(name="cudalat", bpf_dir=bpf_build, pin_dir=pin_dir, unpin_on_exit=True,
-                   libraries=(cuda_stubs["libcudart"],), scan_proc=None)
+    unit = _unit(bpf_build, pin_dir, cuda_stubs["libcuda"])
     assert unit.start(), unit.error
     try:
         hist = unit.obj.map("cuda_call_enqueue_seconds")
@@ -247,9 +286,9 @@ def test_full_histogram_map_counts_dropped_events_and_exports_them(bpf_build, cu
         for i in range(4096):
             hist.update(CUDA_HIST_KEY.pack(fake + i, 0, 0), zero)
         assert unit.dropped() == 0
-        rt = ctypes.CDLL(cuda_stubs["libcudart"])
+        drv = ctypes.CDLL(cuda_stubs["libcuda"])
         for _ in range(3):
-            rt.cudaLaunchKernel(None, 1, 1, None, 0, None)
+            drv.cuLaunchKernel(None, 1, 1, 1, 1, 1, 1, 0, None, None, None)
         assert unit.dropped() == 3
         assert _cgroup_id(test_cgroup) not in {cg for cg, *_ in unit.histograms()}
 

@@ -15,6 +15,15 @@ export interface GpuPool {
   native_names?: string[];
 }
 
+/** The exec credential plugin a consumer's kubeconfig runs (contract 1.3). */
+export interface KubeAuth {
+  api_version: string;
+  command: string;
+  args?: string[];
+  provide_cluster_info?: boolean;
+  install_hint?: string | null;
+}
+
 export interface Cluster {
   cloud: "aws" | "gcp" | "existing";
   region: string;
@@ -25,6 +34,11 @@ export interface Cluster {
   spot_notice_s: number;
   interruption_queue_arn?: string | null;
   ebpf_agent_metrics_port?: number | null;
+  serving_namespace?: string | null; // contract 1.2
+  client_namespace_labels?: Record<string, string>; // contract 1.2
+  account?: string | null; // contract 1.3
+  certificate_authority_data?: string | null; // contract 1.3
+  kube_auth?: KubeAuth | null; // contract 1.3
 }
 
 export interface ModelEndpoint {
