@@ -10,7 +10,8 @@ pattern; every round measures each pattern on both ports, alternating which goes
 medians over rounds are compared. The patterns:
   - ping-pong: sockperf, 64 B, one-way latency (RTT/2) p50 and p99;
   - SSE paced / saturated: bench/sse_load.c, the frames vLLM's OpenAI server writes (sse_bench.py);
-  - stream: sockperf throughput, one connection blasting 32 B writes back to back.
+  - stream: sockperf throughput, one connection blasting 32 B writes back to back;
+  - the cost of sockredir's syscall watcher: ns per getppid() without and with it.
 Then cuda_probe_bench.py: ns per stub cuLaunchKernel call under a bare uprobe+uretprobe pair
 (the floor) and under cudalat.
 """
@@ -140,6 +141,27 @@ def report(rounds: dict[str, list[dict]]) -> None:
         f"{m} {[round(r['stream']) for r in rs]}" for m, rs in rounds.items()))
 
 
+SYSCALL_LOOP = "import os, time\nt = time.perf_counter_ns()\nfor _ in range(200000): os.getppid()\n" \
+               "print((time.perf_counter_ns() - t) / 200000)"
+
+
+def syscall_cost(env: Env, redir: SockRedir, rounds: int) -> tuple[float, float]:
+    """ns per getppid() from Python without and with sockredir's raw tracepoint on sys_enter (which
+    runs for every syscall on the node); medians of alternating runs."""
+    link = next(x for x in redir.links if x.name == "sockredir_sys_enter")
+    runs: dict[bool, list[float]] = {False: [], True: []}
+    for _ in range(rounds):
+        for attached in (False, True):
+            if not attached and link in redir.links:
+                link.destroy()
+                redir.links.remove(link)
+            elif attached and link not in redir.links:
+                link = redir.obj.program("sockredir_sys_enter").attach_raw_tracepoint("sys_enter")
+                redir.links.append(link)
+            runs[attached].append(float(env.run([sys.executable, "-c", SYSCALL_LOOP], 120)))
+    return statistics.median(runs[False]), statistics.median(runs[True])
+
+
 def sockmap_part(env: Env, a) -> None:
     fast = (PORTS["sockperf"][0], PORTS["sse"][0])
     redir = SockRedir(name="sockredir", bpf_dir=os.path.join(BPF, "build"), pin_dir=env.pin_dir,
@@ -162,7 +184,11 @@ def sockmap_part(env: Env, a) -> None:
         report(rounds)
         c = redir.counters()
         print(f"sockredir counters: redirected {c['redirected']:,}, fallback {c['fallback']:,}, "
-              f"flow_control {c['flow_control']}, errors {c['errors']}")
+              f"flow_control {c['flow_control']}, errors {c['errors']}; pairs back to TCP as streams "
+              f"{c['reason_stream']:,}, sockets returned to plain TCP {c['returned']:,}")
+        before, after = syscall_cost(env, redir, a.rounds)
+        print(f"sockredir's sys_enter watcher: getppid() {before:,.0f} -> {after:,.0f} ns per call "
+              f"(+{after - before:,.0f} ns on every syscall of every process on the node)")
     finally:
         for s in servers:
             s.terminate()

@@ -16,13 +16,15 @@ from .cgroups import CgroupGc, CgroupResolver, find_cgroup2_mount
 from .libbpf import route_log_to_logging
 from .metrics import AgentCollector
 from .cudalat import CudaLat
-from .programs import SockRedir, TcpBackpressure, Unit
+from .programs import TcpBackpressure, Unit
+from .sockredir import SockRedir
 
 BTF = "/sys/kernel/btf/vmlinux"
 
 log = logging.getLogger("agent")
 ALLOW_REFRESH_SECONDS = 10.0
-"""How often sockredir's allow-list follows new and deleted pod cgroups."""
+"""How often sockredir's allow-list follows new and deleted pod cgroups, and older maps whose last
+socket closed lose their pins."""
 
 
 def build_units(s: config.Settings, cgroup_path: str) -> list[Unit]:
@@ -69,11 +71,12 @@ def main(argv: list[str] | None = None) -> int:
     route_log_to_logging()
     if s.uninstall:
         try:
-            returned = pins.uninstall(s.pin_dir)
-        except OSError as e:  # PinDirError, or a pinned map that cannot be opened or emptied
+            r = pins.uninstall(s.pin_dir, s.bpf_dir, deadline_s=s.uninstall_drain_seconds)
+        except OSError as e:  # PinDirError, or a map that cannot be opened or emptied
             log.error("uninstall %s: %s", s.pin_dir, e)
             return 1
-        log.info("returned %d sockets to TCP and removed the pins under %s", returned, s.pin_dir)
+        log.info("returned %d sockets to TCP (%d with unread redirected bytes) and removed the pins under %s",
+                 r.sockets, r.forced, s.pin_dir)
         return 0
     problem = preflight(s)
     if problem:
@@ -127,7 +130,10 @@ def main(argv: list[str] | None = None) -> int:
             now = time.monotonic()
             for u in units:
                 if isinstance(u, SockRedir) and u.loaded:
-                    u.refresh_allow(allow_resolver)  # pods come and go
+                    try:
+                        u.tick(allow_resolver)  # pods come and go; older maps' pins go when empty
+                    except OSError as e:  # retried next time; metrics keep flowing
+                        log.warning("sockredir tick: %s", e)
             if now - last_gc >= s.cgroup_gc_seconds:
                 last_gc = now
                 try:

@@ -36,6 +36,7 @@ class Settings:
     pods_log_dir: str
     log_level: str
     uninstall: bool = False
+    uninstall_drain_seconds: float = 10.0
 
 
 def _csv(value: str) -> list[str]:
@@ -180,10 +181,14 @@ def parse(argv: list[str] | None = None, environ: dict[str, str] | None = None) 
         p.add_argument(flag, type=typ, default=value,
                        help=f"{help_} Env {env_name(flag)}. Default: {default!r}.")
     p.add_argument("--uninstall", action="store_true",
-                   help="Return every accelerated socket to plain TCP (empty the pinned sockhash), remove "
-                        "everything under --pin-dir (taking the node lock) and exit.")
+                   help="Return every accelerated socket on the node to plain TCP (every sockredir sockhash, "
+                        "pinned under --pin-dir or, as root, unpinned), remove everything under --pin-dir "
+                        "(taking the node lock) and exit.")
+    p.add_argument("--uninstall-drain-seconds", type=_positive_seconds, default=10.0,
+                   help="--uninstall: how long to wait for readers of redirected bytes before unlinking "
+                        "their sockets anyway (those bytes are then lost). Default: 10.")
     a = p.parse_args(argv)
-    return Settings(uninstall=a.uninstall, 
+    return Settings(uninstall=a.uninstall, uninstall_drain_seconds=a.uninstall_drain_seconds,
         bpf_dir=a.bpf_dir, programs=a.programs, ports=a.ports, cgroup_path=a.cgroup_path,
         pin_dir=a.pin_dir, unpin_on_exit=a.unpin_on_exit, metrics_addr=a.metrics_addr,
         metrics_port=a.metrics_port, allow_clients=a.allow_clients, cuda_libs=tuple(a.cuda_libs), cuda_scan=a.cuda_scan,

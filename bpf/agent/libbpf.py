@@ -52,9 +52,19 @@ _sig("bpf_map_get_next_key", ctypes.c_int, ctypes.c_int, _vp, _vp)
 _sig("libbpf_num_possible_cpus", ctypes.c_int)
 _sig("bpf_obj_get", ctypes.c_int, _cp)
 _sig("bpf_obj_get_info_by_fd", ctypes.c_int, ctypes.c_int, _vp, ctypes.POINTER(ctypes.c_uint32))
+_sig("bpf_program__attach_iter", _vp, _vp, _vp)
+_sig("bpf_program__attach_raw_tracepoint", _vp, _vp, _cp)
+_sig("bpf_link__fd", ctypes.c_int, _vp)
+_sig("bpf_link__pin", ctypes.c_int, _vp, _cp)
+_sig("bpf_iter_create", ctypes.c_int, ctypes.c_int)
+_sig("bpf_prog_get_next_id", ctypes.c_int, ctypes.c_uint32, ctypes.POINTER(ctypes.c_uint32))
+_sig("bpf_prog_get_fd_by_id", ctypes.c_int, ctypes.c_uint32)
+_sig("bpf_map_get_fd_by_id", ctypes.c_int, ctypes.c_uint32)
 
-# enum bpf_attach_type (include/uapi/linux/bpf.h)
+# enum bpf_attach_type, enum bpf_map_type (include/uapi/linux/bpf.h)
 BPF_SK_MSG_VERDICT = 7
+BPF_MAP_TYPE_HASH = 1
+BPF_MAP_TYPE_SOCKHASH = 18
 BPF_TRACE_UPROBE_MULTI = 48
 BPF_F_UPROBE_MULTI_RETURN = 1
 BPF_LINK_CREATE = 28  # enum bpf_cmd
@@ -115,6 +125,12 @@ class Link:
     def __init__(self, name: str, ptr: int | None = None, legacy: tuple[int, int, int] | None = None,
                  fd: int | None = None):
         self.name, self._ptr, self._legacy, self._fd = name, ptr, legacy, fd
+
+    def pin(self, path: str) -> None:
+        """Pin in bpffs: the attachment then outlives this process (destroy() only closes our fd)."""
+        err = _lib.bpf_link__pin(self._ptr, path.encode())
+        if err:
+            _raise(f"pin {self.name} at {path}", err)
 
     def destroy(self) -> None:
         if self._ptr:
@@ -224,20 +240,41 @@ class Map:
 
 
 class PinnedMap:
-    """A map pinned in bpffs, opened by path (no object file needed): what --uninstall empties."""
+    """A map opened by its pin path or its id (no object file needed): what --uninstall empties."""
 
-    def __init__(self, path: str):
-        self.path = path
-        self.fd = _lib.bpf_obj_get(path.encode())
+    def __init__(self, path: str = "", map_id: int = 0):
+        self.path = path or f"map id {map_id}"
+        self.fd = _lib.bpf_obj_get(path.encode()) if path else _lib.bpf_map_get_fd_by_id(map_id)
         if self.fd < 0:
-            _raise(f"open pinned map {path}")
-        info = ctypes.create_string_buffer(128)  # struct bpf_map_info: type, id, key_size, ...
+            _raise(f"open {self.path}")
+        # struct bpf_map_info: type, id, key_size, value_size, max_entries, map_flags, name[16]
+        info = ctypes.create_string_buffer(128)
         size = ctypes.c_uint32(len(info))
         err = _lib.bpf_obj_get_info_by_fd(self.fd, info, ctypes.byref(size))
         if err:
             os.close(self.fd)
-            _raise(f"map info {path}", err)
+            _raise(f"map info {self.path}", err)
+        self.type = int.from_bytes(info.raw[0:4], "little")
+        self.id = int.from_bytes(info.raw[4:8], "little")
         self.key_size = int.from_bytes(info.raw[8:12], "little")
+        self.value_size = int.from_bytes(info.raw[12:16], "little")
+        self.name = info.raw[24:40].split(b"\0", 1)[0].decode()
+
+    def keys(self) -> list[bytes]:
+        out, cur, nxt = [], None, ctypes.create_string_buffer(self.key_size)
+        while _lib.bpf_map_get_next_key(self.fd, cur, nxt) == 0:
+            out.append(nxt.raw)
+            cur = ctypes.create_string_buffer(nxt.raw, self.key_size)
+        return out
+
+    def lookup(self, key: bytes) -> bytes | None:
+        vbuf = ctypes.create_string_buffer(self.value_size)
+        if _lib.bpf_map_lookup_elem(self.fd, ctypes.create_string_buffer(key, len(key)), vbuf):
+            return None
+        return vbuf.raw
+
+    def delete(self, key: bytes) -> bool:
+        return _lib.bpf_map_delete_elem(self.fd, ctypes.create_string_buffer(key, len(key))) == 0
 
     def clear(self) -> int:
         """Deletes every entry; returns how many went."""
@@ -281,6 +318,32 @@ class Program:
         finally:
             os.close(fd)
         return Link(self.name, ptr=ptr)
+
+    def attach_raw_tracepoint(self, name: str) -> Link:
+        ptr = _lib.bpf_program__attach_raw_tracepoint(self._ptr, name.encode())
+        if not ptr:
+            _raise(f"attach {self.name} to raw tracepoint {name}")
+        return Link(self.name, ptr=ptr)
+
+    def iterate(self) -> bytes:
+        """Runs an iterator program (iter/tcp, ...) once, in the calling thread's namespaces;
+        returns what it wrote (bpf_seq_write)."""
+        ptr = _lib.bpf_program__attach_iter(self._ptr, None)
+        if not ptr:
+            _raise(f"attach iterator {self.name}")
+        try:
+            fd = _lib.bpf_iter_create(_lib.bpf_link__fd(ptr))
+            if fd < 0:
+                _raise(f"iterate {self.name}", fd)
+            try:
+                chunks = []
+                while chunk := os.read(fd, 65536):
+                    chunks.append(chunk)
+                return b"".join(chunks)
+            finally:
+                os.close(fd)
+        finally:
+            _lib.bpf_link__destroy(ptr)
 
     def attach_to_map(self, m: Map, attach_type: int) -> Link:
         err = _lib.bpf_prog_attach(self.fd, m.fd, attach_type, 0)

@@ -10,7 +10,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 
 from .cgroups import CgroupResolver
 from .cudalat import BLOCKING_CALLS, CudaLat
-from .programs import SockRedir, TcpBackpressure, Unit
+from .programs import TcpBackpressure, Unit
+from .sockredir import LEARNED_REASONS, REASONS, SockRedir, reasons
 
 log = logging.getLogger(__name__)
 
@@ -100,23 +101,52 @@ class AgentCollector:
                 "fallback": "Messages on accelerated sockets sent via the normal TCP stack (peer not local, or flow control).",
                 "errors": "Sockets that could not be inserted or had an unsupported address family.",
                 "inserted": "Established TCP sockets on the configured ports added to the sockhash.",
-                "removed": "Accelerated sockets removed from the sockhash on TCP_CLOSE.",
+                "removed": "Accelerated sockets whose connection reached TCP_CLOSE (their entry goes; the socket "
+                           "leaves the sockhash at close(), its redirected bytes readable until then).",
                 "not_allowed": "Sockets (client or server) on a configured port whose cgroup is not on the "
                                "allow-list (left on TCP).",
-                "unpaired": "Server sockets with no client of the same tuple and handshake sequence numbers "
-                            "(remote, not allowed, or another namespace's tuple; left on TCP).",
+                "unpaired": "Server sockets with no client of the same tuple and handshake nonce (remote, not "
+                            "allowed, or another namespace's tuple; left on TCP).",
                 "flow_control": "Messages sent via TCP because the peer's queue of redirected bytes reached its "
                                 "sk_rcvbuf.",
                 "evicted": "Client sockets removed from the sockhash at their first acknowledged TCP send because "
                            "no local server socket ever paired with them (remote servers, kube-proxy ClusterIPs).",
                 "ordered": "Messages sent via TCP because bytes of the same direction were still on the TCP path "
-                           "(unacknowledged, or delivered and unread) or the reader set SO_RCVLOWAT: a redirect "
-                           "would have overtaken them.",
+                           "(unacknowledged, or delivered and unread): a redirect would have overtaken them.",
                 "peer_mismatch": "Messages not redirected because the recorded peer did not name this socket back "
                                  "or the sender's network namespace changed (never expected; a check that held).",
+                "not_handshake": "Sockets refused because they were not established by a real handshake: repair "
+                                 "mode, a simultaneous open, a connect()ed socket on the server side.",
+                "learned": "Sockets not inserted because their cgroup used a TCP-only socket feature before "
+                           "(ebpf_sockmap_learned_cgroups).",
+                "tcp_only": "Messages sent via TCP because their pair went back to TCP "
+                            "(ebpf_sockmap_tcp_only_pairs_total says why).",
+                "returned": "Sockets that left the sockhash, their redirect queue read, after their pair went back "
+                            "to TCP: they use TCP's own socket calls again.",
+                "late": "TCP-only socket features first used while redirected bytes were still unread: that call "
+                        "saw those bytes through the redirect queue (docs/ebpf-agent.md).",
             }
             for name, help_ in helps.items():
                 yield CounterMetricFamily(f"ebpf_sockmap_{name}", help_, value=c[name])
+            why = CounterMetricFamily("ebpf_sockmap_tcp_only_pairs",
+                                      "Pairs that went back to TCP for good, by the socket feature or pattern that "
+                                      "sent them there.", labels=["reason"])
+            for r in REASONS:
+                why.add_metric([r], c[f"reason_{r}"])
+            yield why
+            learned = GaugeMetricFamily("ebpf_sockmap_learned_cgroups",
+                                        "Cgroups whose new sockets stay on TCP because they used this TCP-only "
+                                        "feature on an accelerated socket.", labels=["reason"])
+            per = {r: 0 for r in LEARNED_REASONS}
+            for bits in u.learned().values():
+                for r in reasons(bits):
+                    per[r] = per.get(r, 0) + 1
+            for r, n in per.items():
+                learned.add_metric([r], n)
+            yield learned
+            yield GaugeMetricFamily("ebpf_sockmap_draining_maps",
+                                    "Sockhashes of an older agent whose sockets are going back to TCP as their "
+                                    "readers drain them.", value=len(u.draining))
             yield GaugeMetricFamily("ebpf_sockmap_allowed_cgroups",
                                     "Cgroups on sockredir's allow-list now (pods whose sockets may be paired); "
                                     "0 means nothing is accelerated.", value=u.allowed)

@@ -10,7 +10,6 @@ import hashlib
 import logging
 import os
 import shutil
-import time
 
 log = logging.getLogger(__name__)
 
@@ -118,56 +117,38 @@ def remove_stale(pin_dir: str, unit: str, keep: str) -> list[str]:
     return gone
 
 
-UNINSTALL_GRACE_SECONDS = 2.0
-"""Between stopping new redirects and dropping the sockets from the sockhash: time for readers to
-take what was already redirected to them (a psock's queue goes with the psock)."""
+def uninstall(pin_dir: str, bpf_dir: str, deadline_s: float = 10.0, grace: float | None = None,
+              programs=None) -> "drain.Returned":
+    """Every sockredir socket on the host back to TCP (agent/drain.py: pinned maps and, as root,
+    maps no pin names any more), then every pin removed. The pin dir itself stays when it is a
+    mount point (the DaemonSet mounts the agent's bpffs directory)."""
+    from . import drain
 
-
-def return_sockets_to_tcp(pin_dir: str, grace: float = UNINSTALL_GRACE_SECONDS) -> int:
-    """Every socket in a pinned sockredir sockhash goes back to plain TCP; returns how many.
-
-    A socket keeps the sk_msg program it was inserted with for as long as it is in the map
-    (sock_map_link copies the map's programs into the socket's psock), so deleting the pins alone
-    leaves it redirecting until it closes. First its peer entries go (sockredir_conns: sk_msg then
-    passes every message to TCP), then, after `grace`, the socket leaves the sockhash: its psock is
-    dropped and sk_prot restored to TCP's (sk_psock_drop, include/linux/skmsg.h)."""
-    from .libbpf import PinnedMap
-
-    dirs = sorted(os.path.join(pin_dir, d) for d in os.listdir(pin_dir) if d.startswith("sockredir"))
-    for d in dirs:
-        conns = os.path.join(d, "sockredir_conns")
-        if os.path.exists(conns):
-            m = PinnedMap(conns)
-            try:
-                m.clear()
-            finally:
-                m.close()
-    sockhashes = [os.path.join(d, "sockredir_sockhash") for d in dirs]
-    sockhashes = [p for p in sockhashes if os.path.exists(p)]
-    if sockhashes and grace > 0:
-        time.sleep(grace)
-    returned = 0
-    for path in sockhashes:
-        m = PinnedMap(path)
-        try:
-            returned += m.clear()
-        finally:
-            m.close()
-    return returned
-
-
-def uninstall(pin_dir: str, grace: float = UNINSTALL_GRACE_SECONDS) -> int:
-    """Every socket back to TCP, then every pin removed; returns how many sockets went back. The pin
-    dir itself stays when it is a mount point (the DaemonSet mounts the agent's bpffs directory)."""
-    if not os.path.exists(pin_dir):
-        return 0
-    lock = NodeLock(pin_dir)
+    lock = NodeLock(pin_dir) if os.path.exists(pin_dir) else None
     try:
-        returned = return_sockets_to_tcp(pin_dir, grace)
-        for name in os.listdir(pin_dir):
-            shutil.rmtree(os.path.join(pin_dir, name), ignore_errors=True)
+        try:
+            drainer = drain.Drainer(bpf_dir)
+        except OSError as e:
+            log.warning("drain iterator unavailable (%s): sockets are unlinked after the grace, unread "
+                        "redirected bytes are lost", e)
+            drainer = None
+        sets = drain.find_sets(pin_dir, programs or drain.loaded_programs)
+        try:
+            for s in sets:
+                log.info("sockredir sockhash %s: %d sockets", s.where, len(s.sockhash.keys()))
+            returned = drain.return_to_tcp(sets, drainer, grace=drain.GRACE_SECONDS if grace is None else grace,
+                                           deadline_s=deadline_s)
+        finally:
+            for s in sets:
+                s.close()
+            if drainer:
+                drainer.close()
+        if lock:
+            for name in os.listdir(pin_dir):
+                shutil.rmtree(os.path.join(pin_dir, name), ignore_errors=True)
     finally:
-        lock.release()
-    if not os.path.ismount(pin_dir):
+        if lock:
+            lock.release()
+    if lock and not os.path.ismount(pin_dir):
         os.rmdir(pin_dir)
     return returned

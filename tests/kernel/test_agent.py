@@ -100,6 +100,18 @@ def test_agent_metrics_fail_open_and_clean_exit(agent, cuda_stubs):
     assert buckets[-1] == (float("inf"), N_CALLS)
     assert _get(m, "ebpf_cuda_call_enqueue_seconds_sum", **labels) > 0
 
+    # A reader that asks for MSG_WAITALL sends its pair back to TCP, and its cgroup is remembered.
+    lst = socket.create_server(("127.0.0.1", app_port))
+    c = socket.create_connection(("127.0.0.1", app_port), timeout=10)
+    s, _ = lst.accept()
+    with lst, c, s:
+        c.sendall(b"abcd")
+        assert s.recv(4, socket.MSG_WAITALL) == b"abcd"
+    m = _scrape(metrics_port)
+    assert _get(m, "ebpf_sockmap_tcp_only_pairs_total", reason="waitall") == 1, \
+        {k: v for k, v in m.items() if "tcp_only" in k}
+    assert _get(m, "ebpf_sockmap_learned_cgroups", reason="waitall") == 1
+
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(15) == 0, proc.stdout.read()
     show = subprocess.run(["bpftool", "cgroup", "show", cgroup], capture_output=True, text=True, timeout=10)

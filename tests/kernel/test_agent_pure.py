@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Pure agent logic (no kernel, no root): cgroup resolution, bucket conversion, config, maps scan."""
 import os
+import re
 
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -268,3 +269,17 @@ def test_symbol_offsets_of_a_shared_library_are_libbpfs(tmp_path):
     (tmp_path / "x").write_bytes(b"not an ELF file at all, longer than a header" * 2)
     with pytest.raises(ValueError, match="not a 64-bit"):
         symbol_offsets(str(tmp_path / "x"), frozenset({"f"}))
+
+
+def test_the_router_splices_nothing_so_its_connections_keep_the_fast_path(tmp_path):
+    """sockredir sends a pair back to TCP when a reader splices (docs/ebpf-agent.md, "Socket calls
+    and options"), and a splice that finds redirected bytes unread sees them late. The router's
+    rendered haproxy.cfg, with and without prefix affinity, turns none of HAProxy's splicing on
+    (`option splice-auto|splice-request|splice-response`, HAProxy 2.6 configuration manual, 4.2)."""
+    from components.router.haproxy_cfg import Affinity, Route
+    from tests.router_harness import render
+
+    for routes in ([Route("m")], [Route("m", "m-economy", affinity=Affinity()), Route("m-economy")]):
+        conf, _ = render(tmp_path, routes)
+        spliced = re.findall(r"^\s*option\s+splice-\w+", conf.read_text(), re.M)
+        assert not spliced, spliced

@@ -15,10 +15,10 @@ from agent.programs import TcpBackpressure
 def test_build_produces_every_object(bpf_build):
     sources = sorted(os.path.basename(p)[: -len(".bpf.c")] for p in glob.glob(f"{BPF_DIR}/*.bpf.c"))
     built = sorted(os.path.basename(p)[: -len(".bpf.o")] for p in glob.glob(f"{bpf_build}/*.bpf.o"))
-    assert sources == built == ["cudalat", "sockredir", "tcpbp"]
+    assert sources == built == ["cudalat", "sockredir", "sockredir_drain", "tcpbp"]
 
 
-@pytest.mark.parametrize("obj", ["sockredir", "cudalat"])
+@pytest.mark.parametrize("obj", ["sockredir", "sockredir_drain", "cudalat"])
 def test_verifier_accepts(bpf_build, obj):
     with Object(os.path.join(bpf_build, f"{obj}.bpf.o")) as o:
         o.load()
@@ -69,5 +69,6 @@ def test_objects_build_against_a_btf_without_sk_psock_msg_tot_len_and_still_load
     assert r.returncode != 0 and "msg_tot_len" in r.stderr, "the stripped header must really lack the field"
     r = subprocess.run(["make", "-C", BPF_DIR, f"BUILD={build}"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, f"build against a BTF without the field failed:\n{r.stdout}\n{r.stderr}"
-    with Object(str(build / "sockredir.bpf.o")) as o:
-        o.load()
+    for obj in ("sockredir", "sockredir_drain"):
+        with Object(str(build / f"{obj}.bpf.o")) as o:
+            o.load()

@@ -240,11 +240,13 @@ def test_backpressure_sees_the_tcp_path_but_not_sends_sockredir_redirects(bpf_bu
             s, _ = srv.accept()
             with s:
                 s.settimeout(10)
-                for _ in range(n):
+                for _ in range(n):  # request/response: a one-way stream would go back to TCP
                     c.sendall(b"x" * 100)
                     got = b""
                     while len(got) < 100:
                         got += s.recv(100 - len(got))
+                    s.sendall(b"y")
+                    assert c.recv(1) == b"y"
 
     try:
         s0, _ = _send_counts(bp, cg)
@@ -258,8 +260,8 @@ def test_backpressure_sees_the_tcp_path_but_not_sends_sockredir_redirects(bpf_bu
         exchange(port, 50)
         s2, _ = _send_counts(bp, cg)
         r1 = redir.counters()
-        assert r1["redirected"] - r0["redirected"] == 50, (r0, r1)
-        assert r1["redirected_bytes"] - r0["redirected_bytes"] == 5000, (r0, r1)
+        assert r1["redirected"] - r0["redirected"] == 100, (r0, r1)
+        assert r1["redirected_bytes"] - r0["redirected_bytes"] == 5050, (r0, r1)
         assert s2 == s1, f"{s2 - s1} samples from sends that sockredir redirected"
     finally:
         bp.stop()

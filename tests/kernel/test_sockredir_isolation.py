@@ -214,12 +214,14 @@ def test_two_pods_in_their_own_namespaces_are_accelerated(bpf_build, test_cgroup
         assert peer[0] == client_ip
         assert _wait_for(lambda: len(unit.sockets()) == 2), unit.sockets()
         before = unit.counters()
-        for i in range(20):
+        for i in range(20):  # request/response: a one-way stream would go back to TCP
             payload = f"token {i}\n".encode()
             c.sendall(payload)
             assert _recv_for(s, 5) == payload
+            s.sendall(payload)
+            assert _recv_for(c, 5) == payload
         after = unit.counters()
-        assert after["redirected"] >= before["redirected"] + 20, (before, after)
+        assert after["redirected"] >= before["redirected"] + 40, (before, after)
     finally:
         for x in socks:
             x.close()
