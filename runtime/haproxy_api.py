@@ -15,6 +15,8 @@ Lifecycle of one server (management guide 2.6, "add server", "del server"):
 
 from __future__ import annotations
 
+import dataclasses
+import re
 import socket
 import zlib
 from dataclasses import dataclass
@@ -92,7 +94,7 @@ def usable_endpoint(ep: dict[str, Any]) -> bool:
 
 def server_name(pod: str) -> str:
     """Server names allow letters, digits, '-', '_', '.' and ':'; pod names and IPs fit."""
-    return "".join(c if c.isalnum() or c in "-_.:" else "_" for c in pod)[:100]
+    return re.sub(r"[^A-Za-z0-9_.:-]", "_", pod)[:100]
 
 
 def endpoints_of(slices: Iterable[dict[str, Any]], service: str, port_name: str) -> list[Endpoint]:
@@ -224,7 +226,7 @@ class Step:
     drained: list[str]
     deleted: list[str]
     restored: list[str]
-    capacity: int
+    capacity: int = 0
 
 
 def check(out: str, command: str, ok: tuple[str, ...] = ("",)) -> str:
@@ -240,13 +242,13 @@ def reconcile(api: RuntimeApi, b: BackendSpec, want: dict[str, Want], removing: 
     drain start) is the caller's memory of the servers this controller put in DRAIN, so a drain
     the agent set (the pod's own) is never undone and a returning endpoint is restored."""
     cur = have(api, b.name)
-    step = Step([], [], [], [], 0)
+    step = Step([], [], [], [])
     taken = {h.id for h in cur.values()}
     for name, w in want.items():
         h = cur.get(name)
         if h is None:
             while w.id in taken:  # a departing server still holds this id (a crc32 collision)
-                w = Want(w.name, w.id + 1, w.address, w.port, w.local)
+                w = dataclasses.replace(w, id=w.id + 1)
             taken.add(w.id)
             check(api(add_command(b, w, agent_inter_ms)), "add server", ("New server registered",))
             api(f"enable health {b.name}/{name}")
