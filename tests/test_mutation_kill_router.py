@@ -49,7 +49,8 @@ class Runtime:
             return "# pxname,svname,scur,slim\nm,FRONTEND,9,99\n" + "".join(
                 f"m,{n},{ses},{lim or ''}\n" for n, (_, _, _, ses, lim) in self.servers.items()) + "m,BACKEND,9,99\n"
         if cmd.startswith("add server"):
-            self.servers[target] = [int(cmd.split(" id ")[1].split()[0]), 0, 100, 0, 0]
+            if self.add_reply.startswith("New server registered"):
+                self.servers[target] = [int(cmd.split(" id ")[1].split()[0]), 0, 100, 0, 0]
             return self.add_reply + "\n"
         if cmd.startswith("set server") and cmd.endswith("state drain"):
             self.servers[target][1] = 8
