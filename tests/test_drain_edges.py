@@ -671,3 +671,89 @@ def test_an_unreadable_api_leaves_the_reason_unknown(tmp_path):
     sc.classify()
     assert sc.reason is None
     assert sc.registry.get_sample_value("gpuinfra_drain_in_progress", {"reason": "unknown"}) == 1
+
+
+def test_the_host_header_names_the_port_it_was_given():
+    v = Vllm(200, "ok")
+    try:
+        deadline_http.get(f"{v.url}/metrics", 2)
+        assert v.requests[0][1]["Host"] == v.url.removeprefix("http://")
+    finally:
+        v.close()
+
+
+def test_a_name_that_resolves_to_ipv6_connects_to_its_address(monkeypatch):
+    class V6(ThreadingHTTPServer):
+        address_family = socket.AF_INET6
+
+    class H(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            self.send_response(200)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"v6")
+
+        def log_message(self, *a) -> None:
+            pass
+
+    srv = V6(("::1", 0), H)
+    srv.daemon_threads = True
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    port = srv.server_address[1]
+    monkeypatch.setattr(deadline_http.socket, "getaddrinfo",
+                        lambda host, p, *a, **k: [(socket.AF_INET6, socket.SOCK_STREAM, 6, "", ("::1", p, 0, 0))])
+    try:
+        assert deadline_http.get(f"http://vllm.test:{port}/m", 2) == (200, b"v6")
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def test_the_connect_is_bounded_by_what_is_left_of_the_deadline(monkeypatch):
+    seen = []
+    real = socket.create_connection
+
+    def connect(addr, timeout):
+        seen.append(timeout)
+        return real(addr, timeout=timeout)
+
+    v = Vllm(200, "ok")
+    monkeypatch.setattr(deadline_http.socket, "create_connection", connect)
+    try:
+        deadline_http.get(v.url, 0.3)
+        assert seen and 0 < seen[0] <= 0.3
+    finally:
+        v.close()
+
+
+def test_a_connect_that_is_never_answered_ends_at_the_deadline():
+    """A listener whose accept queue is full drops new SYNs: the connect itself must be bounded (the
+    deadline's timer has no socket to shut down yet)."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(0)
+    port = srv.getsockname()[1]
+    fillers = []
+    for _ in range(4):
+        c = socket.socket()
+        c.setblocking(False)
+        c.connect_ex(("127.0.0.1", port))
+        fillers.append(c)
+    out: list = []
+
+    def call() -> None:
+        try:
+            deadline_http.get(f"http://127.0.0.1:{port}/m", 0.5)
+        except deadline_http.Unreachable as e:
+            out.append(e)
+
+    t = threading.Thread(target=call, daemon=True)
+    t.start()
+    t.join(20)
+    try:
+        assert not t.is_alive(), "the connect outlived its deadline"
+        assert out and not isinstance(out[0], deadline_http.Refused)
+    finally:
+        for c in fillers:
+            c.close()
+        srv.close()
