@@ -421,7 +421,9 @@ def test_https_checks_the_servers_certificate_against_the_given_ca(tmp_path):
     v = Vllm(200, "secure")
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.load_cert_chain(cert, key)
-    v.srv.socket = ctx.wrap_socket(v.srv.socket, server_side=True)
+    # The handshake in each handler's thread, not in accept(): a client that never sends a ClientHello
+    # must not stall the server's accept loop (and its shutdown).
+    v.srv.socket = ctx.wrap_socket(v.srv.socket, server_side=True, do_handshake_on_connect=False)
     url = v.url.replace("http://", "https://")
     try:
         assert deadline_http.get(url, 5, ca_file=str(cert)) == (200, b"secure")
