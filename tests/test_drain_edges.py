@@ -11,6 +11,7 @@ import shutil
 import socket
 import ssl
 import subprocess
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -759,3 +760,56 @@ def test_a_connect_that_is_never_answered_ends_at_the_deadline():
         for c in fillers:
             c.close()
         srv.close()
+
+
+def test_the_lookup_asks_for_the_hosts_stream_address(monkeypatch):
+    seen = []
+
+    def lookup(host, port, *a, **k):
+        seen.append((host, port, a, k))
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.9", port))]
+
+    monkeypatch.setattr(deadline_http.socket, "getaddrinfo", lookup)
+    assert deadline_http._resolve("vllm.test", 8000, 1) == ("127.0.0.9", 8000)
+    assert seen == [("vllm.test", 8000, (), {"type": socket.SOCK_STREAM})]
+
+
+def test_a_stuck_lookup_never_keeps_the_prestop_process_alive():
+    """The resolver thread is a daemon: the preStop exits at its deadline even with getaddrinfo stuck."""
+    code = ("import socket, time; from runtime import deadline_http\n"
+            "socket.getaddrinfo = lambda *a, **k: time.sleep(120)\n"
+            "try:\n    deadline_http._resolve('stuck.invalid', 80, 0.2)\nexcept deadline_http.Unreachable:\n    pass\n")
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1], timeout=100,
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert time.monotonic() - t0 < 60, "the process waited for the stuck lookup"
+
+
+def test_a_body_read_in_several_chunks_is_whole_and_limited_as_a_whole():
+    body = bytes(range(256)) * 800  # 204,800 bytes: more than one 64 KiB read
+    v = Vllm(200, "")
+    v.text = body.decode("latin-1")
+
+    class Raw(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a) -> None:
+            pass
+
+    v.srv.RequestHandlerClass = Raw
+    try:
+        assert deadline_http.get(v.url, 5) == (200, body)
+        with pytest.raises(deadline_http.Unreachable, match="body over 150000 bytes"):
+            deadline_http.get(v.url, 5, max_body=150_000)
+    finally:
+        v.close()
+
+
+def test_refused_says_so():
+    with pytest.raises(deadline_http.Refused, match="Connection refused"):
+        deadline_http.get(f"http://127.0.0.1:{_closed_port()}/m", 2)
