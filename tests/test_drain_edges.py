@@ -490,78 +490,6 @@ def test_the_ranks_order_every_reason():
     assert disruption.upgrade("rollout", "restart") == "rollout"
 
 
-class KubeApi:
-    """Pod, node and events documents on loopback, by path; `codes` overrides a call's status."""
-
-    def __init__(self, pod: dict, node: dict, events: dict, codes: dict | None = None) -> None:
-        self.seen: list[str] = []
-        docs, codes = {"pods": pod, "nodes": node, "events": events}, codes or {}
-        me = self
-
-        class H(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802
-                me.seen.append(self.path)
-                kind = self.path.split("?")[0].rstrip("/").split("/")[-2 if "/events" not in self.path else -1]
-                kind = "events" if "/events" in self.path else kind
-                body = json.dumps(docs[kind]).encode()
-                self.send_response(codes.get(kind, 200))
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *a) -> None:
-                pass
-
-        self.srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
-        self.srv.daemon_threads = True
-        threading.Thread(target=self.srv.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.srv.server_address[1]}"
-
-    def close(self) -> None:
-        self.srv.shutdown()
-        self.srv.server_close()
-
-
-def _api(tmp_path: Path, url: str) -> disruption.Api:
-    token = tmp_path / "token"
-    token.write_text("tok\n")
-    return disruption.Api(url, str(token), None, "ns", "p", "n", 3.0)
-
-
-def test_the_events_are_read_by_the_nodes_uid_and_a_404_is_one_failed_call(tmp_path):
-    node = {"metadata": {"uid": "node-7"}}
-    api = KubeApi({"metadata": {}}, node, {"items": []}, codes={"pods": 404})
-    try:
-        r = _api(tmp_path, api.url).read_all()
-        assert r.failed == ["pod"] and r.pod is None and r.node == node and r.events == {"items": []}
-        (ev,) = [p for p in api.seen if "/events" in p]
-        assert ev.startswith("/api/v1/namespaces/default/events?")
-        assert "involvedObject.uid%3Dnode-7" in ev and "reason%3DSpotInterrupted" in ev
-    finally:
-        api.close()
-
-
-def test_a_node_without_a_uid_reads_no_events(tmp_path):
-    api = KubeApi({"metadata": {}}, {"metadata": {}}, {"items": []})
-    try:
-        r = _api(tmp_path, api.url).read_all()
-        assert r.failed == [] and r.events is None
-        assert not [p for p in api.seen if "/events" in p]
-    finally:
-        api.close()
-
-
-def test_a_missing_token_fails_every_call_without_contacting_the_api(tmp_path):
-    api = KubeApi({}, {}, {})
-    try:
-        a = disruption.Api(api.url, str(tmp_path / "no-token"), None, "ns", "p", "n", 1.0)
-        r = a.read_all()
-        assert r.failed == list(disruption.CALLS) and api.seen == []
-    finally:
-        api.close()
-
-
 def test_a_bounded_call_returns_its_value_or_gives_up():
     assert disruption._bounded(lambda: 7, 1.0) == (True, 7)
     assert disruption._bounded(lambda: 1 / 0, 1.0) == (False, None)
@@ -813,3 +741,10 @@ def test_a_body_read_in_several_chunks_is_whole_and_limited_as_a_whole():
 def test_refused_says_so():
     with pytest.raises(deadline_http.Refused, match="Connection refused"):
         deadline_http.get(f"http://127.0.0.1:{_closed_port()}/m", 2)
+
+
+def test_the_kubelets_critical_pod_preemption_is_preempted_even_on_a_spot_node():
+    pod = {"status": {"conditions": [{"type": "DisruptionTarget", "status": "True", "reason": disruption.BY_KUBELET,
+                                      "message": disruption.PREEMPTED_MESSAGE}]}}
+    node = {"metadata": {"uid": "u", "labels": {"cloud.google.com/gke-spot": "true"}}}
+    assert disruption.classify(pod, node, {"items": []}) == "preempted"
