@@ -748,3 +748,72 @@ def test_the_kubelets_critical_pod_preemption_is_preempted_even_on_a_spot_node()
                                       "message": disruption.PREEMPTED_MESSAGE}]}}
     node = {"metadata": {"uid": "u", "labels": {"cloud.google.com/gke-spot": "true"}}}
     assert disruption.classify(pod, node, {"items": []}) == "preempted"
+
+
+# ---- the sidecar's HTTP endpoints and its loop ---------------------------------------------------------
+
+
+def _get(url: str) -> tuple[int, bytes, str]:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return r.status, r.read(), r.headers["Content-Type"]
+    except urllib.error.HTTPError as e:
+        return e.code, e.read(), e.headers["Content-Type"]
+
+
+def test_ready_turns_503_the_moment_the_flag_is_written_and_the_other_paths(tmp_path):
+    flag = tmp_path / "flag"
+    s = drain_mod.Settings.from_env({"VLLM_METRICS_URL": f"http://127.0.0.1:{_closed_port()}/m", "DRAIN_FLAG": str(flag),
+                                     "READY_ADDR": "127.0.0.1", "READY_PORT": "0"})
+    sc = sidecar_mod.Sidecar(s)
+    srv = sc.server()
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{srv.server_address[1]}"
+    try:
+        assert _get(f"{base}/ready") == (200, b"ok\n", "text/plain; charset=utf-8")
+        drain_mod.write_flag(str(flag))
+        assert _get(f"{base}/ready")[:2] == (503, b"draining\n"), "read live, before any poll"
+        assert _get(f"{base}/healthz")[:2] == (200, b"ok\n")
+        status, body, ctype = _get(f"{base}/metrics")
+        from prometheus_client.exposition import CONTENT_TYPE_LATEST
+        assert status == 200 and ctype == CONTENT_TYPE_LATEST
+        assert b'gpuinfra_drain_in_progress{reason="spot"} 0.0' in body and b"_created" not in body
+        assert _get(f"{base}/nope")[:2] == (404, b"not found\n")
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def test_the_sidecar_loop_polls_serves_and_stops_when_asked(tmp_path):
+    v = Vllm(200, "vllm:num_requests_running 2\nvllm:num_requests_waiting 1\n")
+    flag, port = tmp_path / "flag", _closed_port()
+    s = drain_mod.Settings.from_env({"VLLM_METRICS_URL": f"{v.url}/metrics", "DRAIN_FLAG": str(flag),
+                                     "READY_ADDR": "127.0.0.1", "READY_PORT": str(port), "POLL_INTERVAL_S": "0.05"})
+    stop = threading.Event()
+    rc: list[int] = []
+    t = threading.Thread(target=lambda: rc.append(sidecar_mod.watch(s, stop)), daemon=True)
+    t.start()
+    try:
+        end = time.monotonic() + 20
+        while time.monotonic() < end:
+            try:
+                if _get(f"http://127.0.0.1:{port}/healthz")[0] == 200:
+                    break
+            except OSError:
+                time.sleep(0.05)
+        drain_mod.write_flag(str(flag))
+        end = time.monotonic() + 20
+        while time.monotonic() < end and b'reason="unknown"} 1.0' not in _get(f"http://127.0.0.1:{port}/metrics")[1]:
+            time.sleep(0.05)
+        assert b'gpuinfra_drain_in_progress{reason="unknown"} 1.0' in _get(f"http://127.0.0.1:{port}/metrics")[1], \
+            "the loop polled the flag"
+    finally:
+        stop.set()
+        t.join(20)
+        v.close()
+    assert not t.is_alive() and rc == [0]
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
