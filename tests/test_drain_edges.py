@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import ssl
@@ -56,6 +57,7 @@ def scripted(monkeypatch, answers: list, clock: Clock) -> list[tuple[float, floa
     it = iter(answers)
 
     def fake(url: str, timeout: float):
+        assert url == "http://127.0.0.1:9/metrics", url
         calls.append((clock.now, timeout))
         a = next(it)
         if a == "refused":
@@ -817,3 +819,90 @@ def test_the_sidecar_loop_polls_serves_and_stops_when_asked(tmp_path):
     assert not t.is_alive() and rc == [0]
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", port), timeout=2).close()
+
+
+
+def test_the_last_wait_is_cut_to_what_is_left_of_the_budget(monkeypatch):
+    clock = Clock()
+    calls = scripted(monkeypatch, [3] * 10, clock)
+    assert drain_mod.wait_drained(settings(SETTLE_S="0", POLL_INTERVAL_S="0.7"), 3.0, Stop(clock), clock) == "timeout"
+    assert len(calls) == 5 and clock.now == pytest.approx(1003.0), "scrapes at 0, 0.7 ... 2.8 s, then 0.2 s more"
+    assert clock.waits[-1] == pytest.approx(0.2)
+
+
+def test_samples_parse_around_comments_timestamps_and_braces_in_label_values():
+    text = ("# HELP vllm:num_requests_running Running.\n# TYPE vllm:num_requests_running gauge\n\n"
+            'vllm:num_requests_running{model_name="a{b}c"} 2\n'
+            "vllm:num_requests_waiting 1 1700000000000\n")
+    assert drain_mod.parse_load(text) == drain_mod.Load(2.0, 1.0, None, None)
+    assert drain_mod.parse_queue("garbage") is None
+
+
+def test_a_metrics_body_that_is_not_utf8_still_parses(monkeypatch):
+    body = b"# HELP x caf\xe9\nvllm:num_requests_running 1\nvllm:num_requests_waiting 0\n"
+    monkeypatch.setattr(drain_mod.deadline_http, "get", lambda url, timeout: (200, body))
+    assert drain_mod.scrape_load("http://127.0.0.1:9/metrics", 1) == drain_mod.Load(1.0, 0.0, None, None)
+
+
+def test_the_flag_records_when_it_was_written_not_when_it_is_read(tmp_path):
+    flag = tmp_path / "draining"
+    before = time.time()
+    drain_mod.write_flag(str(flag))
+    after = time.time()
+    while time.time() <= after + 0.01:
+        time.sleep(0.005)
+    assert before <= drain_mod.read_flag(str(flag)) <= after, "a restarted vLLM must be able to start after it"
+
+
+def test_a_flag_path_without_a_folder_is_written_where_it_says(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    drain_mod.write_flag("draining", now=5.0)
+    assert sorted(os.listdir(tmp_path)) == ["draining"] and drain_mod.read_flag("draining") == 5.0
+
+
+def test_the_defaults_are_the_pods_layout_and_the_process_environment_is_read(monkeypatch):
+    s = drain_mod.Settings.from_env({"POD_NAME": "p", "NODE_NAME": "n"})
+    assert s.flag_path == "/run/gpuinfra/draining"
+    assert (s.api.server, s.api.token_path, s.api.ca_path) == (
+        "https://kubernetes.default.svc", "/var/run/secrets/kubernetes.io/serviceaccount/token",
+        "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt")
+    monkeypatch.setenv("SETTLE_S", "11")
+    monkeypatch.setenv("DRAIN_FLAG", "/tmp/x")
+    assert (drain_mod.Settings.from_env().settle_s, drain_mod.Settings.from_env().flag_path) == (11.0, "/tmp/x")
+
+
+def test_the_prestop_entry_point_drains_and_logs_its_outcome(tmp_path):
+    """`drain.py prestop` as the kubelet runs it: the flag where the pod says, the wait, one log line."""
+    flag = tmp_path / "flag"
+    env = {"PATH": os.environ.get("PATH", ""), "DRAIN_FLAG": str(flag), "SETTLE_S": "0", "POLL_INTERVAL_S": "0.05",
+           "VLLM_METRICS_URL": f"http://127.0.0.1:{_closed_port()}/metrics", "POD_NAME": "p", "NODE_NAME": "n"}
+    r = subprocess.run([sys.executable, str(Path(drain_mod.__file__)), "prestop"], env=env, capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert flag.exists()
+    (line,) = [l for l in r.stderr.splitlines() if "preStop" in l]
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} drain WARNING preStop drain finished: gone", line), line
+
+
+def test_the_prestop_entry_point_in_process(tmp_path, monkeypatch, capsys):
+    """The same entry point in this process (where the mutation gate sees it), with the root logger
+    bare as in the hook's own process."""
+    import logging
+
+    flag = tmp_path / "flag"
+    for k, v in {"DRAIN_FLAG": str(flag), "SETTLE_S": "0", "POLL_INTERVAL_S": "0.05", "PRESTOP_TIMEOUT_S": "30",
+                 "VLLM_METRICS_URL": f"http://127.0.0.1:{_closed_port()}/metrics"}.items():
+        monkeypatch.setenv(k, v)
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level
+    root.handlers[:] = []
+    try:
+        assert drain_mod.main(["drain.py", "prestop"]) == 0
+    finally:
+        for h in root.handlers[:]:
+            root.removeHandler(h)
+        root.handlers[:], _ = saved
+        root.setLevel(saved[1])
+    assert flag.exists()
+    (line,) = [l for l in capsys.readouterr().err.splitlines() if "preStop" in l]
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} drain WARNING preStop drain finished: gone", line), line
