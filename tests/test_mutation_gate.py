@@ -143,4 +143,14 @@ def test_recording_keeps_reasons_and_notes_the_runs_size_and_time():
     mg.record(baseline, t, run)
     entry = baseline["targets"]["t"]
     assert entry["accepted"] == {"k": {"diff": "d", "reason": "equivalent"}, "k2": {"diff": "d2", "reason": ""}}
-    assert entry["last_run"] == {"mutants": 10, "killed": 8, "survived": 2, "seconds": 12}
+    assert entry["last_run"] == {"mutants": 10, "killed": 8, "survived": 2, "seconds": 12, "jobs": 1}
+
+
+def test_the_docs_table_shows_each_targets_last_recorded_run():
+    t = [mg.Target("a", ("x.py",), ("t.py",), functions=("x.x_f__mutmut_*",)), mg.Target("b", ("y.py",), ("u.py",))]
+    base = {"targets": {"a": {"accepted": {"k": {"reason": "equivalent"}},
+                              "last_run": {"mutants": 10, "killed": 9, "survived": 1, "seconds": 120, "jobs": 2}}}}
+    table = mg.targets_table(t, base)
+    assert "| a | `x.py` (1 function globs) | `t.py` | 10 | 9 | 1 | 120 (2) |" in table
+    assert "| b | `y.py` | `u.py` | not recorded | | |  |" in table
+    assert "120 s (2 min)" in table

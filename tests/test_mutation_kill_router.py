@@ -6,6 +6,7 @@ servers that take nothing new. The admin-state bits and the commands are read fr
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 import subprocess
 import threading
@@ -361,6 +362,7 @@ def test_the_router_pods_grace_counts_settle_the_longest_request_and_both_margin
     models = _on(cfg, "prod-use1")
     s = specs.settings(cfg.router, models)
     assert (s.timeout_s, s.hard_stop_s, s.retries, s.threads) == (95, 95 + 5, 2, 2)
+    assert s.maxconn == specs.maxconn(cfg.router) == (512 - 48) * 1024 // 48
     assert specs.termination_grace_s(cfg.router, models) == 17 + 100 + 5
     pool = GpuPoolInfo("l4", "spot", True, "L4", 4, {"gpuinfra.io/pool": "l4"}, ())
     pod = specs.pod_spec(cfg.router, models, [pool], "runtime@sha256:x")
@@ -646,3 +648,34 @@ def test_an_unknown_model_is_404_and_a_model_named_as_anothers_prefix_keeps_its_
             up.close()
         proc.kill()
         proc.wait()
+
+
+def test_every_backend_retries_within_its_tier_and_hashes_what_its_affinity_names():
+    """max_tries 3: two retries in every backend; body affinity hashes the configured prefix of the
+    body, header affinity the header; the overflow backend takes the same-node-first balance."""
+    def edit(cfg: dict) -> None:
+        _second_primary(cfg)
+        cfg["router"]["affinity"] = {"llama-70b": {"prefix_bytes": 512}, "qwen-chat": {"header": "X-Conversation"}}
+
+    cfg = variant("prod", edit)
+    models = _on(cfg, "prod-use1")
+    rs = {r.model: r for r in specs.routes(cfg.router, models)}
+    assert rs["llama-70b"].affinity == cfgmod.Affinity(512, None, 150)
+    assert rs["qwen-chat"].affinity == cfgmod.Affinity(256, "X-Conversation", 150)
+    text = cfgmod.render(list(rs.values()), specs.settings(cfg.router, models))
+    blocks = {b.split("\n", 1)[0].removeprefix("backend "): b for b in text.split("\n\n") if b.startswith("backend ")}
+    assert set(blocks) == {"llama-70b", "llama-70b-economy", "qwen-chat", "qwen-chat-economy", "ovf-llama-70b",
+                           "ovf-qwen-chat"}
+    assert all("    retries 2\n" in b for b in blocks.values()), blocks
+    assert "    balance hash req.body,bytes(0,512)\n" in blocks["llama-70b"]
+    assert "    balance hash req.hdr(X-Conversation)\n" in blocks["qwen-chat"]
+    assert all("    balance first\n" in blocks[n] for n in ("ovf-llama-70b", "ovf-qwen-chat", "llama-70b-economy"))
+
+
+def test_both_listeners_bind_the_address_given_and_every_address_without_one():
+    s = cfgmod.Settings(port=8080, metrics_port=9145, socket_path="/s", caps_map_path="/c", threads=1, maxconn=64,
+                        timeout_s=30, hard_stop_s=35, listen_addr="127.0.0.1")
+    text = cfgmod.render([Route("m")], s)
+    assert "    bind 127.0.0.1:8080\n" in text and "    bind 127.0.0.1:9145\n" in text
+    anywhere = cfgmod.render([Route("m")], dataclasses.replace(s, listen_addr=""))
+    assert "    bind :8080\n" in anywhere and "    bind :9145\n" in anywhere
