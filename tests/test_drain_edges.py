@@ -517,9 +517,13 @@ def test_the_sidecar_keeps_the_last_known_vllm_start_when_a_scrape_fails(tmp_pat
         v.status = 503
         sc.poll()
         assert sc.started_at == 100.0 and sc.draining and sc.snapshot() == sidecar_mod.Snapshot(None, None, None, True)
-        v.status, v.text = 200, "vllm:num_requests_running 0\nvllm:num_requests_waiting 0\nprocess_start_time_seconds 900\n"
+        assert sc.is_draining()
+        v.status, v.text = 200, ("vllm:num_requests_running 0\nvllm:num_requests_waiting 0\n"
+                                 "vllm:kv_cache_usage_perc 0.5\nprocess_start_time_seconds 900\n")
         sc.poll()
         assert not sc.draining and sc.reason is None and sc.drain_began is None, "a restarted vLLM: ready again"
+        assert not sc.is_draining(), "/ready reads the restarted vLLM's start time too"
+        assert sc.snapshot() == sidecar_mod.Snapshot(0.0, 0.0, 0.5, False)
     finally:
         v.close()
 
@@ -761,9 +765,11 @@ def _get(url: str) -> tuple[int, bytes, str]:
 
     try:
         with urllib.request.urlopen(url, timeout=10) as r:
-            return r.status, r.read(), r.headers["Content-Type"]
+            status, body, headers = r.status, r.read(), r.headers
     except urllib.error.HTTPError as e:
-        return e.code, e.read(), e.headers["Content-Type"]
+        status, body, headers = e.code, e.read(), e.headers
+    assert headers["Content-Length"] == str(len(body)), headers
+    return status, body, headers["Content-Type"]
 
 
 def test_ready_turns_503_the_moment_the_flag_is_written_and_the_other_paths(tmp_path):
@@ -906,3 +912,78 @@ def test_the_prestop_entry_point_in_process(tmp_path, monkeypatch, capsys):
     assert flag.exists()
     (line,) = [l for l in capsys.readouterr().err.splitlines() if "preStop" in l]
     assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} drain WARNING preStop drain finished: gone", line), line
+
+
+def test_an_idle_sidecar_never_reads_the_api_however_long_its_window(tmp_path):
+    api = ScriptedReads([disruption.Reads(pod={"metadata": {}})])
+    s = drain_mod.Settings.from_env({"VLLM_METRICS_URL": f"http://127.0.0.1:{_closed_port()}/m",
+                                     "DRAIN_FLAG": str(tmp_path / "none"), "CLASSIFY_WINDOW_S": "1e12"})
+    idle = sidecar_mod.Sidecar(drain_mod.Settings(**{**s.__dict__, "api": api}))
+    idle.poll()
+    idle.classify()
+    assert api.calls == 0 and idle.reason is None
+
+
+def test_a_reason_never_falls_back(tmp_path):
+    tainted = {"metadata": {"uid": "u"}, "spec": {"taints": [{"key": disruption.KARPENTER_DISRUPTED_TAINT}]}}
+    api = ScriptedReads([disruption.Reads(pod={"metadata": {}}, node=tainted),
+                         disruption.Reads(pod={"metadata": {"deletionTimestamp": "x"}}, node={"metadata": {"uid": "u"}})])
+    sc = _draining_sidecar(tmp_path, api)
+    sc.classify()
+    assert sc.reason == "node"
+    sc.classify()
+    assert sc.reason == "node" and api.calls == 2
+
+
+class RaisingReads(ScriptedReads):
+    def read_all(self) -> disruption.Reads:
+        self.calls += 1
+        if self.calls == 1:
+            raise RuntimeError("a reader bug")
+        return disruption.Reads(pod={"metadata": {"deletionTimestamp": "x"}})
+
+
+def test_the_loop_classifies_a_drain_answers_the_routers_drain_and_survives_a_reader_bug(tmp_path, monkeypatch):
+    v = Vllm(200, "vllm:num_requests_running 0\nvllm:num_requests_waiting 0\n")
+    flag, port, agent = tmp_path / "flag", _closed_port(), _closed_port()
+    monkeypatch.setenv("AGENT_PORT", str(agent))
+    monkeypatch.setenv("AGENT_ADDR", "127.0.0.1")
+    monkeypatch.setenv("VLLM_METRICS_URL", f"{v.url}/metrics")
+    base = drain_mod.Settings.from_env({"VLLM_METRICS_URL": f"{v.url}/metrics", "DRAIN_FLAG": str(flag),
+                                        "READY_ADDR": "127.0.0.1", "READY_PORT": str(port), "POLL_INTERVAL_S": "0.05"})
+    api = RaisingReads([])
+    s = drain_mod.Settings(**{**base.__dict__, "api": api})
+    stop = threading.Event()
+    t = threading.Thread(target=sidecar_mod.watch, args=(s, stop), daemon=True)
+    t.start()
+
+    def agent_says() -> str:
+        try:
+            with socket.create_connection(("127.0.0.1", agent), timeout=2) as c:
+                return c.recv(100).decode()
+        except OSError:
+            return ""
+
+    def metrics() -> bytes:
+        try:
+            return _get(f"http://127.0.0.1:{port}/metrics")[1]
+        except OSError:
+            return b""
+
+    try:
+        end = time.monotonic() + 20
+        while time.monotonic() < end and not agent_says().startswith("up "):
+            time.sleep(0.05)
+        assert agent_says().startswith("up "), "the agent check answers the routers"
+        drain_mod.write_flag(str(flag))
+        end = time.monotonic() + 20
+        while time.monotonic() < end and b'reason="rollout"} 1.0' not in metrics():
+            time.sleep(0.05)
+        assert b'gpuinfra_drain_in_progress{reason="rollout"} 1.0' in metrics(), "classified after a reader bug"
+        assert api.calls >= 2
+        assert agent_says() == "drain\n", "the routers are told at once"
+    finally:
+        stop.set()
+        t.join(20)
+        v.close()
+    assert not t.is_alive()
