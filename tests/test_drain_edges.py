@@ -789,6 +789,9 @@ def test_ready_turns_503_the_moment_the_flag_is_written_and_the_other_paths(tmp_
         from prometheus_client.exposition import CONTENT_TYPE_LATEST
         assert status == 200 and ctype == CONTENT_TYPE_LATEST
         assert b'gpuinfra_drain_in_progress{reason="spot"} 0.0' in body and b"_created" not in body
+        assert b"# HELP gpuinfra_drain_in_progress 1 while this pod is draining (readiness failed), by reason.\n" in body
+        assert (b"# HELP gpuinfra_drain_api_errors_total Kubernetes API reads for the drain reason that failed, "
+                b"by call.\n") in body
         assert _get(f"{base}/nope")[:2] == (404, b"not found\n")
     finally:
         srv.shutdown()
@@ -987,3 +990,20 @@ def test_the_loop_classifies_a_drain_answers_the_routers_drain_and_survives_a_re
         t.join(20)
         v.close()
     assert not t.is_alive()
+
+
+def test_a_sidecar_that_never_drained_logs_no_restart(tmp_path, caplog):
+    import logging
+
+    s = drain_mod.Settings.from_env({"VLLM_METRICS_URL": f"http://127.0.0.1:{_closed_port()}/m",
+                                     "DRAIN_FLAG": str(tmp_path / "none")})
+    sc = sidecar_mod.Sidecar(s)
+    with caplog.at_level(logging.INFO, logger="gpuinfra.drain"):
+        for _ in range(3):
+            sc.poll()
+    assert not [r for r in caplog.records if "ready again" in r.getMessage() or "drain started" in r.getMessage()]
+    drain_mod.write_flag(str(tmp_path / "none"))
+    with caplog.at_level(logging.INFO, logger="gpuinfra.drain"):
+        sc.poll()
+        sc.poll()
+    assert len([r for r in caplog.records if "drain started" in r.getMessage()]) == 1, "logged once, at the start"
