@@ -8,7 +8,9 @@ from __future__ import annotations
 import json
 import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import urllib.error
+import urllib.parse
 import urllib.request
 
 import pytest
@@ -230,3 +232,70 @@ def test_ready_health_and_metrics_over_http():
 def test_the_entry_point_wants_run():
     assert haproxy_ctl.main(["haproxy_ctl.py"]) == 2
     assert haproxy_ctl.main(["haproxy_ctl.py", "serve"]) == 2
+
+
+class WatchApi:
+    """A loopback EndpointSlice API: the list, then one watch that sends `events` and stays open;
+    every request's query is kept."""
+
+    def __init__(self, items: list[dict], events: list[dict]) -> None:
+        self.queries: list[dict] = []
+        me = self
+
+        class H(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *a) -> None:
+                pass
+
+            def do_GET(self) -> None:  # noqa: N802
+                q = urllib.parse.parse_qs(urllib.parse.urlparse(self.path).query)
+                me.queries.append({"path": self.path.split("?")[0], **{k: v[0] for k, v in q.items()}})
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                if "watch" not in q:
+                    body = json.dumps({"kind": "EndpointSliceList", "apiVersion": "discovery.k8s.io/v1",
+                                       "metadata": {"resourceVersion": "41"}, "items": items}).encode()
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                    return
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                for ev in events:
+                    data = (json.dumps(ev) + "\n").encode()
+                    self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+                    self.wfile.flush()
+                time.sleep(30)
+
+        self.srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.srv.daemon_threads = True
+        threading.Thread(target=self.srv.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.srv.server_address[1]}"
+
+
+def test_the_watch_asks_for_the_routed_services_from_the_lists_version_with_bookmarks():
+    s1 = {**_slice("s1", "m", [("10.0.0.1", "node-a")]), "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+          "addressType": "IPv4"}
+    s1["metadata"]["resourceVersion"] = "40"
+    added = {"type": "ADDED", "object": {**_slice("s2", "m-economy", [("10.0.0.2", "node-b")]),
+                                         "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+                                         "addressType": "IPv4"}}
+    added["object"]["metadata"]["resourceVersion"] = "42"
+    api = WatchApi([s1], [added])
+    s = _settings(api_host=api.url, watch_timeout_s=7)
+    state, metrics, stop = haproxy_ctl.SliceState(), haproxy_ctl.Metrics(), threading.Event()
+    threading.Thread(target=haproxy_ctl.watch_loop, args=(s, ["m-economy", "m", "m"], state, metrics, stop),
+                     daemon=True).start()
+    try:
+        assert _wait(lambda: len(state.snapshot()) == 2), state.snapshot()
+        (lst, watch) = api.queries[:2]
+        sel = "kubernetes.io/service-name in (m,m-economy)"
+        assert lst == {"path": "/apis/discovery.k8s.io/v1/namespaces/ns/endpointslices", "labelSelector": sel}
+        assert watch["labelSelector"] == sel and watch["resourceVersion"] == "41"
+        assert (watch["watch"], watch["allowWatchBookmarks"], watch["timeoutSeconds"]) == ("true", "true", "7")
+        assert metrics.registry.get_sample_value("gpuinfra_router_relists_total") == 1
+        assert sorted(x["metadata"]["name"] for x in state.snapshot()) == ["s1", "s2"]
+    finally:
+        stop.set()
+        api.srv.shutdown()
