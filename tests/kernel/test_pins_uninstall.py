@@ -218,13 +218,19 @@ def test_a_read_only_bpffs_is_refused_before_anything_is_pinned(tmp_path):
         subprocess.run(["umount", "-l", str(ro)], check=False, timeout=10)
 
 
-def test_stale_layouts_of_this_unit_go_and_other_units_stay(bpffs):
+def test_stale_layouts_of_this_unit_go_and_other_units_stay(bpffs, caplog):
+    import logging
+
     d = os.path.join(bpffs, f"stale-{uuid.uuid4().hex[:8]}")
     for name in ("sockredir", "sockredir-old1", "sockredir-new2", "cudalat-old1", "sockredirx"):
         os.makedirs(os.path.join(d, name))
-    gone = pins.remove_stale(d, "sockredir", keep=os.path.join(d, "sockredir-new2"))
-    assert sorted(os.path.basename(g) for g in gone) == ["sockredir", "sockredir-old1"]
+    with caplog.at_level(logging.INFO, logger=pins.log.name):
+        gone = pins.remove_stale(d, "sockredir", keep=os.path.join(d, "sockredir-new2"))
+    assert sorted(gone) == [os.path.join(d, "sockredir"), os.path.join(d, "sockredir-old1")]
     assert sorted(os.listdir(d)) == ["cudalat-old1", "sockredir-new2", "sockredirx"]
+    assert sorted(r.getMessage() for r in caplog.records) == [f"removed stale pins {g}" for g in sorted(gone)]
+    assert pins.remove_stale(d, "sockredir", keep=os.path.join(d, "sockredir-new2")) == [], \
+        "nothing stale left: nothing reported"
     for name in os.listdir(d):
         os.rmdir(os.path.join(d, name))
     os.rmdir(d)
@@ -241,3 +247,30 @@ def test_layout_tags_differ_when_any_map_attribute_differs():
         changed[0] = tuple(row)
         assert pins.layout_tag(changed) != tag, i
     assert pins.unit_dir("/sys/fs/bpf/gpuinfra", "sockredir", tag) == f"/sys/fs/bpf/gpuinfra/sockredir-{tag}"
+
+
+def test_a_relative_pin_dir_that_does_not_exist_is_judged_by_the_root(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(pins.PinDirError, match=r"--pin-dir no/such/dir: / is not on a bpffs mount"):
+        pins.check("no/such/dir")
+
+
+def test_an_existing_pin_dir_that_cannot_be_written_is_refused(tmp_path, monkeypatch):
+    """The write probe goes into the pin dir itself (a probe elsewhere would pass on a read-only pin dir)."""
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    subprocess.run(["mount", "-t", "bpf", "-o", "ro", "bpf", str(ro)], check=True, timeout=10)
+    monkeypatch.chdir(tmp_path)
+    try:
+        with pytest.raises(pins.PinDirError, match=rf"^--pin-dir {ro} is not writable: Read-only file system"):
+            pins.NodeLock(str(ro))
+        assert sorted(os.listdir(tmp_path)) == ["ro"], "no probe left anywhere else"
+    finally:
+        subprocess.run(["umount", "-l", str(ro)], check=False, timeout=10)
+
+
+def test_the_grace_is_waited_as_given_and_only_when_sockets_are_pinned(accelerated, pin_dir, monkeypatch):
+    slept: list[float] = []
+    monkeypatch.setattr(pins.time, "sleep", lambda s: slept.append(s))
+    assert pins.uninstall(pin_dir, grace=0.3) == 2
+    assert slept == [0.3]
