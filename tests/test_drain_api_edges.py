@@ -27,9 +27,10 @@ OPENSSL = shutil.which("openssl")
 class KubeApi:
     """Pod, node and events documents on loopback, by path. `codes` overrides a call's status,
     `delays` holds a call's answer for that many seconds, `reset` closes a call's connection without
-    an answer; every request's path and headers are kept."""
+    an answer, `drip` sends a call's answer a byte at a time; every request's path and headers are kept."""
 
-    def __init__(self, pod, node, events, codes=None, delays=None, reset=(), tls: tuple[Path, Path] | None = None):
+    def __init__(self, pod, node, events, codes=None, delays=None, reset=(), tls: tuple[Path, Path] | None = None,
+                 drip=()):
         self.seen: list[str] = []
         self.headers: list[dict] = []
         docs, codes, delays = {"pods": pod, "nodes": node, "events": events}, codes or {}, delays or {}
@@ -46,6 +47,18 @@ class KubeApi:
                     return
                 time.sleep(delays.get(kind, 0))
                 body = json.dumps(docs[kind]).encode()
+                if kind in drip:  # one byte every 0.2 s: no single read waits long
+                    self.send_response(200)
+                    self.send_header("Content-Length", str(len(body) + 1000))
+                    self.end_headers()
+                    try:
+                        for b in body + b" " * 1000:
+                            self.wfile.write(bytes([b]))
+                            self.wfile.flush()
+                            time.sleep(0.2)
+                    except OSError:
+                        pass
+                    return
                 self.send_response(codes.get(kind, 200))
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
@@ -212,5 +225,19 @@ def test_without_a_ca_file_an_https_api_is_read_unverified(tmp_path, cert):
     api = KubeApi({"metadata": {}}, NODE, {"items": []}, tls=cert)
     try:
         assert _api(tmp_path, api.url, ca=None).read_all().failed == []
+    finally:
+        api.close()
+
+
+def test_a_dripping_events_list_is_cut_at_the_deadline(tmp_path):
+    """A byte every 0.2 s never trips the client's per-read timeout; the call's own bound must."""
+    api = KubeApi({"metadata": {}}, NODE, {"items": []}, drip=("events",))
+    out: list = []
+    t = threading.Thread(target=lambda: out.append(_api(tmp_path, api.url, deadline=0.6).read_all()), daemon=True)
+    try:
+        t.start()
+        t.join(20)
+        assert not t.is_alive(), "the events list was not cut at the deadline"
+        assert out[0].failed == ["events"] and out[0].node == NODE
     finally:
         api.close()
