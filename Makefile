@@ -20,7 +20,7 @@ TORCH_SOURCE = $(if $(wildcard $(TORCH_CPU_WHEELS)),--find-links $(TORCH_CPU_WHE
 # so the `pulumi preview --policy-pack policies` of the README and CI runs the pack from what this makes.
 POLICY_VENV := .policy-venv
 
-.PHONY: render test deps apt-deps e2e-deps consumer-ts-deps bench policy-check policy-venv golden contract-schema mutate clean
+.PHONY: render test test-under-load deps apt-deps e2e-deps consumer-ts-deps bench policy-check policy-venv golden contract-schema mutate clean
 .DELETE_ON_ERROR:
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt constraints.txt
@@ -83,6 +83,14 @@ render: deps
 test: deps apt-deps policy-venv e2e-deps consumer-ts-deps
 	@$(PY) -m pytest; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 0; fi; exit $$rc
+
+# The suite (or PYTEST_ARGS) with a busy loop on each core, REPEAT times in a row: a test that waits on
+# time instead of state fails here as on CI's loaded machine (docs/testing.md, "Under CPU load").
+LOAD_WORKERS ?=
+REPEAT ?= 1
+PYTEST_ARGS ?=
+test-under-load: deps apt-deps policy-venv e2e-deps consumer-ts-deps
+	$(PY) -m tools.cpu_load $(if $(LOAD_WORKERS),--workers $(LOAD_WORKERS)) --repeat $(REPEAT) -- $(PY) -m pytest $(PYTEST_ARGS)
 
 # Regenerate tests/golden/<stack>.json after an intended change to what a stack renders.
 golden: deps

@@ -36,6 +36,14 @@ from components.stack_config import StackConfig
 HOURS_PER_MONTH = 730
 """The billing month cloud price pages use (365 * 24 / 12 = 730)."""
 CURRENCY = "USD"
+SIZES = ("min", "max")
+"""`min`: the stack idling (GPU pools at their least size); `max`: every pool at `max_nodes`."""
+
+
+def _size(size: str) -> str:
+    if size not in SIZES:
+        raise ValueError(f"size {size!r}: one of {', '.join(SIZES)}")
+    return size
 
 
 # ----------------------------------------------------------------------------------------------
@@ -118,7 +126,7 @@ class PoolCost:
 
     def total_hourly(self, size: str, all_on_demand: bool = False) -> float:
         """The pool's cost per hour at its `min` or `max` size."""
-        return self.hourly(self.least_nodes if size == "min" else self.max_nodes, all_on_demand)
+        return self.hourly(self.least_nodes if _size(size) == "min" else self.max_nodes, all_on_demand)
 
     @property
     def savings(self) -> float:
@@ -133,10 +141,10 @@ def serving_min_nodes(models: Iterable[ModelConfig], cluster: str, pool: str, gp
     gpus = spread = 0
     for m in models:
         for p in m.placements:
-            if p.cluster == cluster and p.pool == pool and p.min_replicas > 0:
+            if p.cluster == cluster and p.pool == pool:
                 gpus += p.min_replicas * m.engine.gpus_per_replica
                 spread = max(spread, p.min_replicas)
-    if gpus == 0 or gpus_per_node <= 0:
+    if gpus == 0:
         return 0
     return max(spread, -(-gpus // gpus_per_node))
 
@@ -219,7 +227,7 @@ class PlatformItem:
         return self.hourly_min is not None
 
     def hourly(self, size: str) -> float:
-        value = self.hourly_min if size == "min" else self.hourly_max
+        value = self.hourly_min if _size(size) == "min" else self.hourly_max
         return value or 0.0
 
 
@@ -357,8 +365,8 @@ def cost_output(est: CostEstimate, catalog: Optional[Catalog] = None,
             row["note"] = p.note
         pools.append(row)
     whole = StackCost(gpu=est, platform=tuple(platform))
-    sources = {s: cat.price_sources.get(s, {}) for s in est.sources}
-    sources.update({i.source: platform_prices()["price_sources"].get(i.source, {}) for i in platform if i.source})
+    sources = {s: cat.price_sources[s] for s in est.sources}  # the catalog refuses a price of an unknown source
+    sources.update({i.source: platform_prices()["price_sources"][i.source] for i in platform if i.source})
     return {
         "currency": CURRENCY,
         "hours_per_month": HOURS_PER_MONTH,

@@ -18,6 +18,8 @@ Lifecycle of one server (management guide 2.6, "add server", "del server"):
 
 from __future__ import annotations
 
+import dataclasses
+import re
 import socket
 import zlib
 from dataclasses import dataclass
@@ -159,7 +161,7 @@ def usable_endpoint(ep: dict[str, Any]) -> bool:
 
 def server_name(pod: str) -> str:
     """Server names allow letters, digits, '-', '_', '.' and ':'; pod names and IPs fit."""
-    return "".join(c if c.isalnum() or c in "-_.:" else "_" for c in pod)[:100]
+    return re.sub(r"[^A-Za-z0-9_.:-]", "_", pod)[:100]
 
 
 def endpoints_of(slices: Iterable[dict[str, Any]], service: str, port_name: str) -> list[Endpoint]:
@@ -302,7 +304,7 @@ class Step:
     drained: list[str]
     deleted: list[str]
     restored: list[str]
-    capacity: int
+    capacity: int = 0
 
 
 def check(out: str, command: str, ok: tuple[str, ...] = ("",)) -> str:
@@ -322,7 +324,7 @@ def reconcile(api: RuntimeApi, b: BackendSpec, want: dict[str, Want], removing: 
     server was last given, so a change of routers reaches every server once (None: shares are set
     only when a server is added)."""
     cur = have(api, b.name)
-    step = Step([], [], [], [], 0)
+    step = Step([], [], [], [])
     track = sent is not None
     sent = {} if sent is None else sent
     taken = {h.id for h in cur.values()}
@@ -331,7 +333,7 @@ def reconcile(api: RuntimeApi, b: BackendSpec, want: dict[str, Want], removing: 
         share = server_share(base, name)
         if h is None:
             while w.id in taken:  # a departing server still holds this id (a crc32 collision)
-                w = Want(w.name, w.id + 1, w.address, w.port, w.local)
+                w = dataclasses.replace(w, id=w.id + 1)
             taken.add(w.id)
             check(api(add_command(b, w, agent_inter_ms, share)), "add server", ("New server registered",))
             if share.slots(b.maxconn) == 0:

@@ -76,7 +76,7 @@ def _binary(name: str) -> str:
 
 
 def test_the_pipeline_exists():
-    assert {p.name for p in _files()} == {"pull-request.yml", "deploy.yml"}
+    assert {p.name for p in _files()} == {"pull-request.yml", "deploy.yml", "tests-under-load.yml"}
 
 
 # --- the real linters -------------------------------------------------------------------------
@@ -158,6 +158,8 @@ def test_least_privilege(workflows):
 def test_the_cli_matches_the_pinned_sdk(workflows):
     sdk = re.search(r"^pulumi==(\S+)$", (ROOT / "constraints.txt").read_text(), re.M)[1]
     for name, wf in workflows.items():
+        if not any(s.get("uses", "").startswith("pulumi/actions@") for _, _, s in _steps({name: wf})):
+            continue  # no Pulumi CLI in this workflow
         assert wf["env"]["PULUMI_VERSION"] == sdk, f"{name}: the CLI release must match pulumi=={sdk}"
 
 
@@ -454,9 +456,26 @@ def test_the_plan_jobs_need_only_pyyaml():
         elif isinstance(node, ast.ImportFrom):
             top.add((node.module or "").split(".")[0])
     assert top <= {"__future__", "argparse", "json", "re", "sys", "pathlib", "typing", "yaml"}, top
-    plan_runs = " ".join(s.get("run", "") for w in workflows_files() for s in w["jobs"]["plan"]["steps"])
+    plan_runs = " ".join(s.get("run", "") for w in workflows_files() if "plan" in w["jobs"]
+                         for s in w["jobs"]["plan"]["steps"])
     assert plan_runs.count("python -m pip install --quiet PyYAML -c constraints.txt") == 2
 
 
 def workflows_files():
     return [_load(p) for p in _files()]
+
+
+def test_the_suite_can_run_under_cpu_load_on_demand(workflows):
+    """`make test-under-load` (tools/cpu_load.py) from a manual dispatch only, as root like CI's suite,
+    with the repeat count and the tests to run passed through the environment (never a template in
+    the script)."""
+    wf = workflows["tests-under-load.yml"]
+    assert set(wf["on"]) == {"workflow_dispatch"}
+    assert set(wf["on"]["workflow_dispatch"]["inputs"]) == {"repeat", "pytest-args"}
+    (job,) = wf["jobs"].values()
+    (step,) = [s for s in job["steps"] if "run" in s]
+    assert step["run"] == 'sudo env "PATH=$PATH" make test-under-load REPEAT="$REPEAT" PYTEST_ARGS="$PYTEST_ARGS"'
+    assert step["env"] == {"REPEAT": "${{ inputs.repeat }}", "PYTEST_ARGS": "${{ inputs.pytest-args }}"}
+    make = (ROOT / "Makefile").read_text()
+    assert "\ntest-under-load: deps apt-deps policy-venv e2e-deps consumer-ts-deps\n" in make, \
+        "the same set-up as make test"

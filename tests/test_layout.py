@@ -200,3 +200,18 @@ def test_platform_layer_imports_no_domain():
     assert not {m: d for m, d in upward.items() if d}, upward
     importers = {m for m, deps in graph.items() if "components.wiring" in deps}
     assert importers <= {"__main__"}, importers
+
+
+def test_the_agent_runs_as_the_image_runs_it_and_imports_as_a_package():
+    """`python3 -m agent` from the agent's folder (the image's WORKDIR holds `agent/` alone) and
+    `bpf.agent` from the repository root (the mutation gate mutates `bpf.agent.pins`): every module
+    of the agent imports its siblings relatively, never as `agent.<module>`."""
+    absolute = [f"{p.name}:{n.lineno}" for p in (ROOT / "bpf" / "agent").glob("*.py")
+                for n in ast.walk(ast.parse(p.read_text()))
+                if (isinstance(n, ast.ImportFrom) and not n.level and (n.module or "").split(".")[0] in ("agent", "bpf"))
+                or (isinstance(n, ast.Import) and any(a.name.split(".")[0] in ("agent", "bpf") for a in n.names))]
+    assert not absolute, f"absolute imports of the agent's own modules: {absolute}"
+    for cwd, module in ((ROOT / "bpf", "agent"), (ROOT, "bpf.agent")):
+        r = subprocess.run([sys.executable, "-m", module, "--help"], cwd=cwd, capture_output=True, text=True,
+                           timeout=60, env={"PATH": "/usr/bin:/bin"})  # -m puts the cwd, and only it, first
+        assert r.returncode == 0 and "--uninstall" in r.stdout, f"python -m {module} from {cwd}: {r.stderr[-800:]}"

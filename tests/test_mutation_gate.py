@@ -115,3 +115,42 @@ def test_the_copy_is_what_git_sees_and_never_a_cache(tmp_path: Path):
     (tmp_path / ".container-cache" / "rootfs" / "lastlog").write_text("huge sparse file")
     subprocess.run(["git", "add", "m.py", ".gitignore"], cwd=tmp_path, check=True)
     assert mg.project_files(tmp_path) == [".gitignore", "m.py", "new.py"]
+
+
+def test_a_target_counts_only_the_mutants_its_functions_select():
+    """mutmut's results list every mutant of the files; a target narrowed by function globs is judged
+    on its own, and one of its mutants that mutmut never tried fails the run instead of counting as
+    killed."""
+    t = mg.Target("cost", ("components/cost.py",), ("t.py",), functions=("components.cost.x_fleet_hourly__mutmut_*",
+                                                                      "components.cost.xǁPoolCostǁ*__mutmut_*"))
+    results = {"components.cost.x_fleet_hourly__mutmut_1": "killed",
+               "components.cost.x_fleet_hourly__mutmut_2": "survived",
+               "components.cost.xǁPoolCostǁhourly__mutmut_1": "timeout",
+               "components.cost.x_cost_table_lines__mutmut_1": "not checked"}
+    mine, unrun = mg.tally(t, results)
+    assert set(mine) == {"components.cost.x_fleet_hourly__mutmut_1", "components.cost.x_fleet_hourly__mutmut_2",
+                         "components.cost.xǁPoolCostǁhourly__mutmut_1"}
+    assert unrun == []
+    _, unrun = mg.tally(t, {**results, "components.cost.x_fleet_hourly__mutmut_3": "not checked"})
+    assert unrun == ["components.cost.x_fleet_hourly__mutmut_3"]
+    assert mg.tally(mg.Target("all", ("m.py",), ("t.py",)), results)[0] == results, "no globs: every mutant"
+
+
+def test_recording_keeps_reasons_and_notes_the_runs_size_and_time():
+    t = mg.Target(name="t", files=("tools/mutation_gate.py",), tests=("tests/test_mutation_gate.py",))
+    baseline = {"targets": {"t": {"accepted": {"k": {"diff": "d", "reason": "equivalent"}}}}}
+    run = mg.Run(survivors={"k": "d", "k2": "d2"}, mutants=10, killed=8, seconds=12.4)
+    mg.record(baseline, t, run)
+    entry = baseline["targets"]["t"]
+    assert entry["accepted"] == {"k": {"diff": "d", "reason": "equivalent"}, "k2": {"diff": "d2", "reason": ""}}
+    assert entry["last_run"] == {"mutants": 10, "killed": 8, "survived": 2, "seconds": 12, "jobs": 1}
+
+
+def test_the_docs_table_shows_each_targets_last_recorded_run():
+    t = [mg.Target("a", ("x.py",), ("t.py",), functions=("x.x_f__mutmut_*",)), mg.Target("b", ("y.py",), ("u.py",))]
+    base = {"targets": {"a": {"accepted": {"k": {"reason": "equivalent"}},
+                              "last_run": {"mutants": 10, "killed": 9, "survived": 1, "seconds": 120, "jobs": 2}}}}
+    table = mg.targets_table(t, base)
+    assert "| a | `x.py` (1 function globs) | `t.py` | 10 | 9 | 1 | 120 (2) |" in table
+    assert "| b | `y.py` | `u.py` | not recorded | | |  |" in table
+    assert "120 s (2 min)" in table

@@ -1,8 +1,9 @@
 """Regenerates the generated blocks of README.md and docs/contract.md: `python -m tools.docs_sync`.
 
 Blocks: the configuration reference (from the config model), the stack-output contract table
-(from the contract model), GKE's deployer roles and APIs (components/gcp/apis.py) and each stack's idle and peak cost (from components/cost.py over the
-stack files). `--check` exits 1 when a file is stale; tests run the same check.
+(from the contract model), GKE's deployer roles and APIs (components/gcp/apis.py), each stack's idle
+and peak cost (from components/cost.py over the stack files) and the mutation gate's targets (from
+tests/mutation/). `--check` exits 1 when a file is stale; tests run the same check.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from components.contract import TABLE_BEGIN, TABLE_END, contract_table
 from components.cost import estimate_whole_stack, monthly
 from components.gcp.apis import TABLE_BEGIN as GCP_BEGIN, TABLE_END as GCP_END, deployer_table
 from tools.config_reference import BEGIN as CFG_BEGIN, END as CFG_END, reference
+from tools.mutation_gate import TABLE_BEGIN as MUT_BEGIN, TABLE_END as MUT_END, targets_table
 from tools.offline import available_stacks, stack_model
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -57,11 +59,13 @@ def rendered(path: Path) -> str:
         text = _replace(text, GCP_BEGIN, GCP_END, deployer_table())
     if COST_BEGIN in text:
         text = _replace(text, COST_BEGIN, COST_END, f"{COST_BEGIN}\n{cost_summary()}{COST_END}")
+    if MUT_BEGIN in text:
+        text = _replace(text, MUT_BEGIN, MUT_END, f"{MUT_BEGIN}\n{targets_table()}{MUT_END}")
     return text
 
 
 FILES = (ROOT / "README.md", ROOT / "docs" / "contract.md", ROOT / "docs" / "config-reference.md",
-         ROOT / "docs" / "cost.md", ROOT / "docs" / "gcp.md")
+         ROOT / "docs" / "cost.md", ROOT / "docs" / "gcp.md", ROOT / "docs" / "testing.md")
 
 
 def main(argv: list[str] | None = None) -> int:

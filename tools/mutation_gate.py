@@ -27,6 +27,7 @@ never among those tests, so a golden cannot be what catches it.
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import hashlib
 import json
 import os
@@ -46,6 +47,8 @@ BASELINE_FILE = ROOT / "tests" / "mutation" / "baseline.json"
 WORK = ROOT / "out" / "mutate"
 SURVIVOR_STATUSES = ("survived", "no tests")
 """mutmut's statuses that mean no behaviour test noticed the mutant."""
+UNRUN_STATUSES = ("not checked", "skipped", "check was interrupted by user")
+"""Statuses of a selected mutant that mutmut never tried: the run is incomplete, the gate fails."""
 SHARED_ENVS = (".venv", ".venv-e2e", ".policy-venv")
 """Environments the tests find beside the tree: linked into each target's copy, never copied."""
 NOT_COPIED = {".git", "out", "mutants", ".pytest_cache", ".hypothesis", "__pycache__", *SHARED_ENVS}
@@ -68,6 +71,10 @@ class Target:
 
     def spec(self) -> dict:
         return {"files": list(self.files), "tests": list(self.tests), "functions": list(self.functions)}
+
+    def selects(self, mutant_name: str) -> bool:
+        """Whether mutmut ran `mutant_name` for this target (its results list every mutant of the files)."""
+        return not self.functions or any(fnmatch.fnmatchcase(mutant_name, g) for g in self.functions)
 
 
 def inputs_sha256(target: Target, root: Path = ROOT) -> str:
@@ -137,25 +144,62 @@ def _mutmut(args: list[str], cwd: Path, timeout: int) -> subprocess.CompletedPro
                           env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
 
 
-def run_target(target: Target, jobs: int, timeout: int) -> dict[str, str]:
-    """Mutate and test one target in its own copy of the tree; returns {survivor key: diff}."""
+_DIFFS = """
+import json, sys
+from mutmut.__main__ import find_mutant, get_diff_for_mutant
+out = {}
+for name in json.load(sys.stdin):
+    out[name] = get_diff_for_mutant(name, path=find_mutant(name).path)
+print(json.dumps(out))
+"""
+
+
+def _diffs(dest: Path, names: list[str]) -> dict[str, str]:
+    """`mutmut show`'s diff of each mutant, from one process (one `mutmut show` each took minutes)."""
+    if not names:
+        return {}
+    r = subprocess.run([sys.executable, "-c", _DIFFS], cwd=dest, input=json.dumps(names), capture_output=True,
+                       text=True, timeout=600, check=True)
+    return json.loads(r.stdout.splitlines()[-1])
+
+
+@dataclass(frozen=True)
+class Run:
+    survivors: dict[str, str]
+    """{survivor key: diff}"""
+    mutants: int
+    killed: int
+    seconds: float
+    jobs: int = 1
+
+
+def tally(target: Target, results: dict[str, str]) -> tuple[dict[str, str], list[str]]:
+    """The target's own mutants ({name: status}) and, among them, any mutmut never tried."""
+    mine = {n: s for n, s in results.items() if target.selects(n)}
+    return mine, sorted(n for n, s in mine.items() if s in UNRUN_STATUSES)
+
+
+def run_target(target: Target, jobs: int, timeout: int) -> Run:
+    """Mutate and test one target in its own copy of the tree."""
+    started = time.monotonic()
     dest = WORK / target.name
     _copy_tree(dest)
     (dest / "pyproject.toml").write_text(_mutmut_config(target, dest))
     run = _mutmut(["run", "--max-children", str(jobs), *target.functions], dest, timeout)
-    results = parse_results(_mutmut(["results", "--all", "true"], dest, 300).stdout)
-    if run.returncode != 0 or not results:
+    results, unrun = tally(target, parse_results(_mutmut(["results", "--all", "true"], dest, 300).stdout))
+    if run.returncode != 0 or not results or unrun:
         tail = "\n".join((run.stdout + run.stderr).splitlines()[-30:])
-        raise SystemExit(f"mutation gate: mutmut failed on target {target.name!r} (exit {run.returncode}):\n{tail}")
+        raise SystemExit(f"mutation gate: mutmut failed on target {target.name!r} (exit {run.returncode}"
+                         f"{f'; {len(unrun)} mutants not tried, e.g. {unrun[0]}' if unrun else ''}):\n{tail}")
     survivors = {}
-    for name, status in sorted(results.items()):
-        if status in SURVIVOR_STATUSES:
-            diff = _mutmut(["show", name], dest, 120).stdout
-            diff = "\n".join(l for l in diff.splitlines() if l[:1] in "+-" and not l.startswith(("---", "+++")))
-            survivors[survivor_key(name, diff)] = diff
-    killed = sum(1 for s in results.values() if s not in SURVIVOR_STATUSES)
-    print(f"mutation gate: {target.name}: {len(results)} mutants, {killed} killed, {len(survivors)} survived")
-    return survivors
+    names = sorted(n for n, s in results.items() if s in SURVIVOR_STATUSES)
+    for name, diff in _diffs(dest, names).items():
+        diff = "\n".join(l for l in diff.splitlines() if l[:1] in "+-" and not l.startswith(("---", "+++")))
+        survivors[survivor_key(name, diff)] = diff
+    killed = len(results) - len(names)
+    seconds = time.monotonic() - started
+    print(f"mutation gate: {target.name}: {len(results)} mutants, {killed} killed, {len(names)} survived, {seconds:.0f} s")
+    return Run(survivors, len(results), killed, seconds, jobs)
 
 
 @dataclass(frozen=True)
@@ -228,12 +272,39 @@ def load_baseline(path: Path = BASELINE_FILE) -> dict:
     return json.loads(path.read_text()) if path.exists() else {"targets": {}}
 
 
-def record(baseline: dict, target: Target, survivors: dict[str, str]) -> None:
+def record(baseline: dict, target: Target, run: Run) -> None:
     old = baseline["targets"].get(target.name, {}).get("accepted", {})
     baseline["targets"][target.name] = {
         "inputs_sha256": inputs_sha256(target),
-        "accepted": {k: {"diff": d, "reason": old.get(k, {}).get("reason", "")} for k, d in sorted(survivors.items())},
+        "accepted": {k: {"diff": d, "reason": old.get(k, {}).get("reason", "")} for k, d in sorted(run.survivors.items())},
+        "last_run": {"mutants": run.mutants, "killed": run.killed, "survived": len(run.survivors),
+                     "seconds": round(run.seconds), "jobs": run.jobs},
     }
+
+
+TABLE_BEGIN = "<!-- mutation-targets:begin (generated by python -m tools.docs_sync from tests/mutation/) -->"
+TABLE_END = "<!-- mutation-targets:end -->"
+
+
+def targets_table(targets: Optional[list[Target]] = None, baseline: Optional[dict] = None) -> str:
+    """docs/testing.md's table of the targets: files, killers, and the last recorded run's size and time."""
+    targets = Target.load() if targets is None else targets
+    baseline = load_baseline() if baseline is None else baseline
+    rows = ["| target | mutated | killed by | mutants | killed | accepted | seconds (jobs) |", "|---|---|---|---|---|---|---|"]
+    total = 0
+    for t in targets:
+        entry = baseline["targets"].get(t.name, {})
+        run = entry.get("last_run")
+        files = ", ".join(f"`{f}`" for f in t.files) + (f" ({len(t.functions)} function globs)" if t.functions else "")
+        tests = ", ".join(f"`{x}`" for x in t.tests)
+        if run:
+            total += run["seconds"]
+            size = f"{run['mutants']} | {run['killed']} | {len(entry.get('accepted', {}))} | {run['seconds']} ({run['jobs']})"
+        else:
+            size = "not recorded | | | "
+        rows.append(f"| {t.name} | {files} | {tests} | {size} |")
+    rows.append(f"\nAll targets, as last recorded one after the other: {total} s ({total / 60:.0f} min) of mutmut.")
+    return "\n".join(rows) + "\n"
 
 
 def select(targets: Iterable[Target], baseline: dict, names: Optional[list[str]], changed: bool) -> list[Target]:
@@ -269,14 +340,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.known_bugs_only:
         chosen = []
     for target in chosen:
-        started = time.monotonic()
-        survivors = run_target(target, args.jobs, args.timeout)
-        print(f"mutation gate: {target.name}: {time.monotonic() - started:.0f} s")
+        run = run_target(target, args.jobs, args.timeout)
         if args.record:
-            record(baseline, target, survivors)
+            record(baseline, target, run)
             continue
         accepted = baseline["targets"].get(target.name, {}).get("accepted", {})
-        verdict = compare(survivors, accepted)
+        verdict = compare(run.survivors, accepted)
         for key, diff in verdict.new.items():
             failed = True
             print(f"NEW SURVIVOR [{target.name}] {key}\n{diff}\n")
@@ -289,7 +358,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         BASELINE_FILE.parent.mkdir(parents=True, exist_ok=True)
         BASELINE_FILE.write_text(json.dumps(baseline, indent=1, sort_keys=True) + "\n")
         empty = [k for t in baseline["targets"].values() for k, v in t["accepted"].items() if not v["reason"].strip()]
-        print(f"mutation gate: baseline written; {len(empty)} accepted survivors still need a one-line reason")
+        print(f"mutation gate: baseline written; {len(empty)} accepted survivors still need a one-line reason; "
+              "python -m tools.docs_sync updates docs/testing.md's table of the targets")
         return 1 if empty else 0
     if failed:
         print("mutation gate: FAILED: kill each new survivor with a behaviour test, or accept it in "
