@@ -96,18 +96,8 @@ def _karpenter_type_names(props: Mapping[str, Any]) -> set[str]:
 
 
 def karpenter_gpu_models(props: Mapping[str, Any]) -> dict[str, bool]:
-    reqs = {r.get("key"): r for r in as_list(dig(props, "spec", "template", "spec", "requirements")) if isinstance(r, Mapping)}
-    aws = as_map(gpu_catalog().get("aws"))
-    names: set[str] = set()
-    itype = reqs.get("node.kubernetes.io/instance-type")
-    family = reqs.get("karpenter.k8s.aws/instance-family")
-    if itype and itype.get("operator") == "In":
-        names = {str(v) for v in as_list(itype.get("values"))}
-    elif family and family.get("operator") == "In":
-        fams = {str(v) for v in as_list(family.get("values"))}
-        names = {n for n, spec in aws.items() if as_map(spec).get("family", n.split(".")[0]) in fams}
     out: dict[str, bool] = {}
-    for n in names:
+    for n in _karpenter_type_names(props):
         g = gpu_of_instance("aws", n)
         if g:
             out[g[0]] = g[2]
