@@ -36,6 +36,7 @@ class Runtime:
 
     def __init__(self, servers: dict[str, list[int]], add_reply: str = "New server registered.") -> None:
         self.servers, self.log, self.add_reply = servers, [], add_reply
+        self.maps: dict[tuple[str, str], str] = {}
 
     def __call__(self, cmd: str) -> str:
         self.log.append(cmd)
@@ -60,6 +61,15 @@ class Runtime:
         if cmd.startswith("del server"):
             self.servers.pop(target)
             return "Server deleted.\n"
+        if cmd.startswith("set map "):
+            path, key, value = words[2:5]
+            self.maps[(path, key)] = value
+        if cmd.startswith("get map "):  # as Debian's HAProxy 2.6.12 answers "get map"
+            path, key = words[2:4]
+            if (path, key) not in self.maps:
+                return "type=str, case=sensitive, found=no\n"
+            return (f'type=str, case=sensitive, found=yes, idx=tree, key="{key}", value="{self.maps[(path, key)]}", '
+                    'type="str"\n')
         return "\n"
 
 
@@ -164,8 +174,8 @@ def test_an_idle_server_is_deleted_at_once_and_a_refused_delete_is_retried():
 def test_the_add_command_carries_the_backends_limits_and_the_agent():
     w = hx.Want("pod-a", 7, "10.1.2.3", 8000, True)
     assert hx.add_command(PRIMARY, w, 250) == (
-        "add server m/pod-a 10.1.2.3:8000 id 7 weight 100 maxconn 16 check inter 1s fall 2 rise 1 agent-check "
-        "agent-port 8092 agent-inter 250ms pool-purge-delay 1s")
+        "add server m/pod-a 10.1.2.3:8000 id 7 weight 100 maxconn 16 check port 8092 inter 400ms fall 2 rise 1 "
+        "agent-check agent-port 8092 agent-inter 250ms agent-send share=0/1. pool-purge-delay 1s")
     v6 = hx.add_command(PRIMARY, hx.Want("pod-b", 8, "fd00::5", 8000, False), 500)
     assert " [fd00::5]:8000 " in v6
 
@@ -331,7 +341,7 @@ def _second_primary(cfg: dict) -> None:
                engine={**QWEN["engine"], "max_num_seqs": 48}, drain={"max_request_s": 95})(cfg)
     with_model(QWEN, [{"cluster": "prod-use1", "pool": "l4", "min_replicas": 0, "max_replicas": 2}],
                name="qwen-chat-economy", tier="economy", engine={**QWEN["engine"], "max_num_seqs": 24})(cfg)
-    cfg["router"] = {"settle_s": 17, "memory_mib": 512, "max_tries": 3, "agent_interval_ms": 300,
+    cfg["router"] = {**cfg["router"], "settle_s": 17, "memory_mib": 512, "max_tries": 3, "agent_interval_ms": 300,
                      "affinity": {"qwen-chat": {"header": "X-Conversation", "balance_factor": 125}}}
 
 
@@ -362,7 +372,7 @@ def test_the_router_pods_grace_counts_settle_the_longest_request_and_both_margin
     models = _on(cfg, "prod-use1")
     s = specs.settings(cfg.router, models)
     assert (s.timeout_s, s.hard_stop_s, s.retries, s.threads) == (95, 95 + 5, 2, 2)
-    assert s.maxconn == specs.maxconn(cfg.router) == (512 - 48) * 1024 // 48
+    assert s.maxconn == specs.maxconn(cfg.router, models) == (512 - 48) * 1024 // 328, "16384 tokens x 6 bytes"
     assert specs.termination_grace_s(cfg.router, models) == 17 + 100 + 5
     pool = GpuPoolInfo("l4", "spot", True, "L4", 4, {"gpuinfra.io/pool": "l4"}, ())
     pod = specs.pod_spec(cfg.router, models, [pool], "runtime@sha256:x")
@@ -374,11 +384,19 @@ def test_the_router_pods_grace_counts_settle_the_longest_request_and_both_margin
 
 
 def test_haproxys_connection_and_memory_limits_follow_the_memory_setting():
-    for mib in (96, 256, 512, 16384):
+    """maxconn: HAProxy's memory less its own 48 MiB, over what one stream may hold: three buffers
+    (the request, its retry copy, the response) of tune.bufsize plus 16 KiB. prod's routes take
+    16384 tokens at 6 bytes per token: a 98304-byte body + 8192 bytes of headroom = 106496-byte
+    buffers, 3 x 104 KiB + 16 = 328 KiB a stream."""
+    models = _on(variant("prod", lambda cfg: None), "prod-use1")
+    for mib, streams in ((96, 149), (256, 649), (512, 1448), (16384, 51000)):
         rc = RouterConfig(memory_mib=mib, cpu_millicores=500)
-        assert specs.maxconn(rc) == (mib - specs.BASE_MIB) * 1024 // specs.PER_CONN_KIB
+        assert (specs.bufsize(rc, models), specs.stream_kib(rc, models)) == (106496, 328)
+        assert specs.maxconn(rc, models) == streams == (mib - 48) * 1024 // 328
         assert specs.memory_cap_mib(rc) == mib - 16
-    c = specs.haproxy_container(RouterConfig(memory_mib=512), [])
+    huge = RouterConfig(memory_mib=96, bytes_per_token=64)  # 1 MiB bodies: 15 streams fit in 48 MiB
+    assert (specs.stream_kib(huge, models), specs.maxconn(huge, models)) == (3112, 64), "never below 64"
+    c = specs.haproxy_container(RouterConfig(memory_mib=512), models)
     assert c["command"][-2:] == ["-m", "496"]
     assert c["resources"]["limits"]["memory"] == c["resources"]["requests"]["memory"] == "512Mi"
 
@@ -413,7 +431,7 @@ def test_a_config_with_two_primaries_and_header_affinity_passes_haproxy_c(tmp_pa
     r = haproxy_check(tmp_path / "haproxy.cfg")
     assert r.returncode == 0, r.stderr
     assert "balance hash req.hdr(X-Conversation)" in text and "hash-balance-factor 125" in text
-    assert files["caps.map"] == "llama-70b 0\nllama-70b-economy 0\nqwen-chat 0\nqwen-chat-economy 0\n"
+    assert files["caps.map"] == "llama-70b 0\nllama-70b-economy 0\nqwen-chat 0\nqwen-chat-economy 0\n_synced 0\n"
 
 
 def test_the_router_config_refuses_clashing_ports_and_more_cpu_than_threads():
@@ -561,12 +579,13 @@ def overflow_router(tmp_path: Path, agent_port: int):
 
 @pytest.fixture
 def agent_port():
-    """The replicas' agent-check responder (runtime/agent_check.py) answering `up` at full weight:
-    without an agent reply a dynamic server leaves maintenance DOWN and stays so."""
+    """The replicas' agent-check responder (runtime/agent_check.py) answering `up` at full weight,
+    to the health check (`up` passes it) and to the agent check: without them a dynamic server
+    leaves maintenance DOWN and stays so."""
     from runtime import agent_check
 
     stop, port = threading.Event(), free_port()
-    agent_check.serve("127.0.0.1", port, lambda: "ready up 100%\n", stop)
+    agent_check.serve("127.0.0.1", port, lambda share: "up 100%\n", stop)
     yield port
     stop.set()
 
@@ -660,10 +679,13 @@ def test_every_backend_retries_within_its_tier_and_hashes_what_its_affinity_name
     cfg = variant("prod", edit)
     models = _on(cfg, "prod-use1")
     rs = {r.model: r for r in specs.routes(cfg.router, models)}
-    assert rs["llama-70b"].affinity == cfgmod.Affinity(512, None, 150)
-    assert rs["qwen-chat"].affinity == cfgmod.Affinity(256, "X-Conversation", 150)
+    assert rs["llama-70b"].affinity == cfgmod.Affinity(512, None, 200)
+    assert rs["qwen-chat"].affinity == cfgmod.Affinity(256, "X-Conversation", 200)
     text = cfgmod.render(list(rs.values()), specs.settings(cfg.router, models))
     blocks = {b.split("\n", 1)[0].removeprefix("backend "): b for b in text.split("\n\n") if b.startswith("backend ")}
+    demand = {n for n in blocks if n.startswith(cfgmod.DEMAND_PREFIX)}
+    assert demand == {"demand-llama-70b", "demand-qwen-chat"}, "one counting table per overflowing primary"
+    blocks = {n: b for n, b in blocks.items() if n not in demand}
     assert set(blocks) == {"llama-70b", "llama-70b-economy", "qwen-chat", "qwen-chat-economy", "ovf-llama-70b",
                            "ovf-qwen-chat"}
     assert all("    retries 2\n" in b for b in blocks.values()), blocks
