@@ -213,6 +213,7 @@ def test_server_names_keep_what_haproxy_allows_and_replace_the_rest():
     assert hx.server_name("a/b c+d") == "a_b_c_d"
     assert hx.server_name("p" * 150) == "p" * 100
     assert hx.server_name("pöd-é") == "p_d-_", "HAProxy allows ASCII letters and digits only"
+    assert hx.server_name("Pod-A.B") == "Pod-A.B", "capitals too"
 
 
 def _colliding_uids() -> tuple[str, str]:
@@ -236,6 +237,63 @@ def test_ids_are_positive_below_the_remote_base_and_collisions_get_the_next_free
         assert 0 < hx.stable_id(uid) < hx.REMOTE_BASE
     remote = hx.wanted(PRIMARY, eps, "elsewhere")
     assert all(hx.REMOTE_BASE < x.id < 2**31 and not x.local for x in remote.values())
+
+
+# ---- this router's share of each replica's slots --------------------------------------------------
+
+ECON_OWN = hx.BackendSpec("m-economy", "m-economy", "http", 8092, 8, True, True)
+OVERFLOW = hx.BackendSpec("ovf-m", "m-economy", "http", 8092, 8, True, False)
+ONE_SLOT = hx.BackendSpec("m", "m", "http", 8092, 1, True, True)
+
+
+def test_each_router_and_backend_gets_its_own_place_routers_first_then_backends_by_name():
+    """m-economy's replicas feed two backends on each router (its own route and m's overflow): with
+    two routers, four places, router by router, each router's backends by name."""
+    places = {(me, name): share for me in ("r-a", "r-b")
+              for name, share in hx.shares([PRIMARY, ECON_OWN, OVERFLOW], ["r-b", "r-a"], me).items()}
+    assert places == {("r-a", "m"): hx.Share(0, 2), ("r-b", "m"): hx.Share(1, 2),
+                      ("r-a", "m-economy"): hx.Share(0, 4), ("r-a", "ovf-m"): hx.Share(1, 4),
+                      ("r-b", "m-economy"): hx.Share(2, 4), ("r-b", "ovf-m"): hx.Share(3, 4)}
+
+
+def test_a_share_of_no_slots_is_weight_0_with_maxconn_1_and_one_slot_keeps_its_weight():
+    api = Runtime({"a": [1, 0, 100, 0, 0]})
+    hx.apply_share(api, ONE_SLOT, "a", hx.Share(1, 2))  # one slot, two places: this one gets none
+    assert api.log == ["set server m/a agent-send share=1/2.", "set maxconn server m/a 1", "set weight m/a 0"], \
+        "maxconn 0 would be unlimited: 1, with weight 0 so nothing new comes"
+    api.log.clear()
+    hx.apply_share(api, ONE_SLOT, "a", hx.Share(0, 2))
+    assert api.log == ["set server m/a agent-send share=0/2.", "set maxconn server m/a 1"], \
+        "the one slot: the weight is left to the agent's next reply"
+
+
+def _base_for(server: str, slots: int) -> hx.Share:
+    """This router's base place (of two) that gives `server` `slots` of ONE_SLOT's one slot."""
+    return next(hx.Share(i, 2) for i in range(2) if hx.server_share(hx.Share(i, 2), server).slots(1) == slots)
+
+
+@pytest.mark.parametrize("slots", [0, 1])
+def test_a_server_is_added_with_its_share_and_the_share_is_sent_once(slots):
+    api, sent = Runtime({}), {}
+    base = _base_for("a", slots)
+    share = hx.server_share(base, "a")
+    hx.reconcile(api, ONE_SLOT, want("a"), {}, 0.0, 30, 500, None, base, sent)
+    add = next(c for c in api.log if c.startswith("add server"))
+    assert f" maxconn 1 " in add and f" agent-send {share.token()} " in add
+    assert ("set weight m/a 0" in api.log) == (slots == 0), "weight 0 only for a share of no slots"
+    assert sent == {"a": share}
+    api.log.clear()
+    hx.reconcile(api, ONE_SLOT, want("a"), {}, 1.0, 30, 500, None, base, sent)
+    assert not [c for c in api.log if c.startswith("set ")], "the share it was added with is not sent again"
+
+
+def test_the_router_count_reads_every_router_slice_and_one_name_per_endpoint():
+    other = {"metadata": {"labels": {hx.SERVICE_NAME_LABEL: "m"}}, "endpoints": [{"addresses": ["10.9.9.9"]}]}
+    routers = {"metadata": {"labels": {hx.SERVICE_NAME_LABEL: "gpuinfra-router"}},
+               "endpoints": [{"addresses": ["10.0.0.1", "10.0.0.2"]},
+                             {"addresses": ["10.0.0.3"], "targetRef": {"name": "r-c"}}]}
+    assert hx.routers_of([other, routers], "gpuinfra-router") == ["10.0.0.1", "r-c"], \
+        "a slice of another Service before the routers' is skipped; an endpoint is one router, by its first address"
 
 
 # ---- the real HAProxy: the runtime API over TCP, admin-state bits, and a silent peer -------------
@@ -287,6 +345,19 @@ def test_admin_states_read_from_haproxy_decide_usable(haproxy_tcp_api):
     assert not hx.have(api, "m")["s"].usable, "weight 0: the agent reported saturation"
     h = hx.have(api, "m")["s"]
     assert (h.name, h.id, h.address, h.port, h.sessions, h.limit) == ("s", 5, "127.0.0.1", 9, 0, 16)
+
+
+@needs_haproxy
+def test_the_synced_flag_is_read_from_and_written_to_haproxys_map(haproxy_tcp_api, tmp_path: Path):
+    api, _ = haproxy_tcp_api
+    caps = str(tmp_path / "caps.map")
+    assert not hx.synced(api, caps), "the rendered map holds _synced 0"
+    hx.mark_synced(api, caps)
+    assert hx.synced(api, caps)
+    api(f"set map {caps} {hx.SYNCED_KEY} 0")
+    assert not hx.synced(api, caps)
+    with pytest.raises(hx.ApiError, match=r"^'set map': Unknown map identifier"):
+        hx.mark_synced(api, str(tmp_path / "other.map"))
 
 
 def test_a_runtime_api_that_never_answers_is_cut_at_its_deadline():
