@@ -232,6 +232,7 @@ def test_the_routes_table_the_configmap_renders_is_the_one_the_controller_loads(
     doc = json.loads(specs.config_files(cfg.router, models)["routes.json"])
     r = haproxy_ctl.Routes.load(doc)
     assert r.agent_inter_ms == 300 and r.removal_timeout_s == 95.0 and r.caps_map == "/etc/router/caps.map"
+    assert r.router_service == specs.APP_NAME, "the Service whose endpoints count the routers"
     assert {b.name: (b.service, b.maxconn, b.local_first, b.capacity) for b in r.backends} == {
         "llama-70b": ("llama-70b", 128, True, True), "llama-70b-economy": ("llama-70b-economy", 32, True, True),
         "ovf-llama-70b": ("llama-70b-economy", 32, True, False)}
