@@ -14,7 +14,6 @@ import logging
 import socket
 import subprocess
 import threading
-import time
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
