@@ -12,6 +12,7 @@ import errno
 import fcntl
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import uuid
@@ -140,15 +141,45 @@ def test_uninstall_removes_every_pin_it_can_and_fails_on_the_one_it_cannot(bpffs
     os.rmdir(d)
 
 
-def test_stale_pins_that_cannot_be_removed_do_not_stop_the_unit(bpffs):
+def test_uninstall_of_a_mount_point_fails_when_a_pin_stays(bpffs, bpf_build, tmp_path):
+    """The DaemonSet's pin dir is a mount point, which uninstall keeps: a pin it could not remove
+    there fails uninstall, naming it, instead of reporting the pins removed."""
+    host_dir = os.path.join(bpffs, f"mnthost-{uuid.uuid4().hex[:8]}")
+    os.mkdir(host_dir)
+    mnt = tmp_path / "agent-bpffs"
+    mnt.mkdir()
+    subprocess.run(["mount", "--bind", host_dir, str(mnt)], check=True, timeout=10)
+    try:
+        os.makedirs(mnt / "tcpbp-b2" / "inner")
+        with _busy(str(mnt / "cudalat-a1" / "inner")):
+            with pytest.raises(OSError, match=rf"pins left under {mnt} \(removing them failed\): cudalat-a1$") as e:
+                pins.uninstall(str(mnt), bpf_build, grace=0, programs=lambda: [])
+            assert e.value.errno == errno.ENOTEMPTY
+            assert os.path.ismount(mnt) and os.listdir(mnt) == ["cudalat-a1"]
+            pins.NodeLock(str(mnt)).release()  # the lock was let go
+        os.rmdir(mnt / "cudalat-a1" / "inner")
+        os.rmdir(mnt / "cudalat-a1")
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False, timeout=10)
+        shutil.rmtree(host_dir, ignore_errors=True)
+
+
+def test_stale_pins_that_cannot_be_removed_do_not_stop_the_unit(bpffs, caplog):
     """remove_stale runs in a unit's start: a stale layout it cannot remove (of either naming) must
-    not fail the start (which disables the program), and the other stale layouts still go."""
+    not fail the start (which disables the program), and the other stale layouts still go; the log
+    says which went and which stay."""
     d = os.path.join(bpffs, f"stalebusy-{uuid.uuid4().hex[:8]}")
     for name in ("cudalat", "cudalat-old1", "cudalat-old2", "cudalat-new3"):
         os.makedirs(os.path.join(d, name, "inner"))
-    with _busy(os.path.join(d, "cudalat", "inner")), _busy(os.path.join(d, "cudalat-old1", "inner")):
-        pins.remove_stale(d, "cudalat", keep=os.path.join(d, "cudalat-new3"))
+    with _busy(os.path.join(d, "cudalat", "inner")), _busy(os.path.join(d, "cudalat-old1", "inner")), \
+            caplog.at_level(logging.INFO, logger=pins.log.name):
+        gone = pins.remove_stale(d, "cudalat", keep=os.path.join(d, "cudalat-new3"))
         assert sorted(os.listdir(d)) == ["cudalat", "cudalat-new3", "cudalat-old1"]
+    assert gone == [os.path.join(d, "cudalat-old2")], "only what went is reported gone"
+    assert sorted((r.levelname, r.getMessage()) for r in caplog.records if r.name == pins.log.name) == [
+        ("INFO", f"removed stale pins {d}/cudalat-old2"),
+        ("WARNING", f"stale pins {d}/cudalat could not all be removed: they stay"),
+        ("WARNING", f"stale pins {d}/cudalat-old1 could not all be removed: they stay")]
     for name in ("cudalat", "cudalat-old1", "cudalat-new3"):
         os.rmdir(os.path.join(d, name, "inner"))
         os.rmdir(os.path.join(d, name))
