@@ -71,8 +71,8 @@ def _bounded(fn: Callable[[], Any], deadline_s: float) -> tuple[bool, Any]:
     def run() -> None:
         try:
             out["v"] = fn()
-        except Exception as e:  # noqa: BLE001 - any client error is one failed call
-            out["e"] = e
+        except Exception:  # noqa: BLE001 - any client error is one failed call (no "v": the caller counts it)
+            pass
 
     t = threading.Thread(target=run, daemon=True)
     t.start()
@@ -97,25 +97,25 @@ class Api:
 
         with open(self.token_path, encoding="ascii") as f:
             token = f.read().strip()
-        # proxy "" and no_proxy "*": the client would otherwise take https_proxy from the environment
-        cfg = client.Configuration(host=self.server, proxy="", no_proxy="*",
+        # proxy "": the client would otherwise take https_proxy from the environment (kubernetes
+        # 37.0.2 client/configuration.py reads it when `proxy` is None); a proxy set for the vLLM
+        # container's downloads must not carry the drain's reads of the API server
+        cfg = client.Configuration(host=self.server, proxy="",
                                    api_key={"authorization": token}, api_key_prefix={"authorization": "Bearer"})
         cfg.ssl_ca_cert = self.ca_path
         cfg.verify_ssl = self.ca_path is not None or not self.server.startswith("https")
         cfg.retries = 0
-        cfg.client_side_validation = False
         api = client.ApiClient(cfg)
         return api, client.CoreV1Api(api)
 
     def read_all(self) -> Reads:
         """The pod and its node concurrently, then the node's spot events by the node's UID;
         each call within `deadline_s`, each failure counted once."""
-        r = Reads()
         try:
             _api, core = self._client()
-        except OSError:
-            r.failed += list(CALLS)
-            return r
+        except (OSError, ValueError):  # no token file, or one that is not ASCII (UnicodeDecodeError)
+            return Reads(failed=list(CALLS))
+        r = Reads()
         t = self.deadline_s
         # The raw JSON, not the client's models: the classifier reads a few fields as the API
         # server wrote them, whatever a newer server adds or an older one leaves out.
@@ -157,7 +157,7 @@ def _is_spot_node(node: dict[str, Any]) -> bool:
 
 
 def _taints(node: dict[str, Any]) -> set[str]:
-    return {t.get("key", "") for t in (node.get("spec") or {}).get("taints") or [] if isinstance(t, dict)}
+    return {t.get("key") for t in (node.get("spec") or {}).get("taints") or [] if isinstance(t, dict)}
 
 
 def _disruption_target(pod: dict[str, Any]) -> Optional[tuple[str, str]]:

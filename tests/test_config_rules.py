@@ -299,6 +299,16 @@ BOUNDARY_CASES: list[tuple[str, str, list[Callable[[dict[str, Any]], None]], lis
     ("economy-at-one-needs-no-choice", "prod",
      [_delete("router.empty_economy"), _set("models[1].placements[1].min_replicas", 1)], []),
     ("router-off-needs-neither", "prod", [_set("router", {"enabled": False})], []),
+    # every entry's problems together: an overflowing primary listed after another entry's mistake
+    # adds its own problem to that mistake
+    ("an-overflows-problem-joins-an-earlier-entrys", "prod",
+     [lambda c: c[P + "models"].reverse(), _set("models[0].placements[0].pool", "nope"),
+      _delete("router.overflow_bytes_per_token")],
+     ["models[0].placements[0].pool: no GPU pool named 'nope' in cluster 'prod-use1'; allowed: h100, l4",
+      "models[1].overflow_to: 'llama-70b-economy' serves at most 8192 tokens (engine.max_model_len), fewer than "
+      "this entry's 16384: a longer prompt sent there is refused; allowed: an economy entry with max_model_len >= "
+      "16384, or set router.overflow_bytes_per_token (the fewest request-body bytes per prompt token, 1 for any "
+      "text) so the router keeps every request that may not fit 8192 tokens here"]),
     # one placement per cluster; every later placement is still checked
     ("placements-each-checked", "prod",
      [_set("models[1].placements", [

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import socket
 import ssl
 import subprocess
 import sys
@@ -145,6 +146,39 @@ def test_a_missing_token_fails_every_call_without_contacting_the_api(tmp_path):
         api.close()
 
 
+def test_a_token_that_is_not_ascii_fails_every_call_instead_of_raising(tmp_path):
+    """A projected service-account token is a JWT (ASCII); a corrupt one is three failed calls, not an
+    exception out of the sidecar's read, and it is never sent in a header."""
+    api = KubeApi({}, {}, {})
+    token = tmp_path / "token"
+    token.write_bytes("tök-123\n".encode())
+    try:
+        r = disruption.Api(api.url, str(token), None, "ns", "p", "n", 1.0).read_all()
+        assert r.failed == list(disruption.CALLS) and api.seen == []
+    finally:
+        api.close()
+
+
+def test_a_proxy_in_the_environment_never_carries_the_api_reads(tmp_path, monkeypatch):
+    """`https_proxy` set for the vLLM container's downloads (the sidecar shares the pod's env from
+    the same ConfigMap) must not carry the reads: the proxy here refuses every connection."""
+    dead = socket.socket()
+    dead.bind(("127.0.0.1", 0))
+    proxy = f"http://127.0.0.1:{dead.getsockname()[1]}"
+    dead.close()
+    for var in ("http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
+        monkeypatch.setenv(var, proxy)
+    for var in ("no_proxy", "NO_PROXY"):
+        monkeypatch.delenv(var, raising=False)
+    api = KubeApi({"metadata": {"name": "p"}}, NODE, {"items": []})
+    try:
+        r = _api(tmp_path, api.url).read_all()
+        assert r.failed == [] and r.pod == {"metadata": {"name": "p"}} and r.node == NODE
+        assert len(api.seen) == 3
+    finally:
+        api.close()
+
+
 def test_a_failed_call_is_not_retried(tmp_path):
     """A retry would spend the drain's classify window on one call; each read is tried once."""
     api = KubeApi({"metadata": {}}, NODE, {"items": []}, reset=("pods",))
@@ -186,6 +220,13 @@ def test_a_stuck_call_never_keeps_the_sidecar_process_alive(tmp_path):
             "assert r.failed == ['pod', 'node'], r\n"
             "disruption._bounded(lambda: time.sleep(120), 0.2)\n")
     try:
+        # in this process first: the thread a stuck call leaves behind is a daemon
+        release = threading.Event()
+        before = set(threading.enumerate())
+        assert disruption._bounded(lambda: release.wait(30), 0.1) == (False, None)
+        (left,) = set(threading.enumerate()) - before
+        assert left.is_alive() and left.daemon
+        release.set()
         t0 = time.monotonic()
         r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, timeout=100, capture_output=True, text=True)
         assert r.returncode == 0, r.stderr

@@ -492,6 +492,16 @@ def test_the_ranks_order_every_reason():
     assert disruption.upgrade("rollout", "restart") == "rollout"
 
 
+def test_a_reason_this_version_does_not_know_ranks_below_every_known_one():
+    """A newer sidecar's reason in an older reader (or a typo) never outranks evidence, and any known
+    reason replaces it; between two unknown ones the first stays."""
+    for known in ("restart", "rollout", "node", "pressure", "shutdown", "spot"):
+        assert disruption.upgrade(known, "evicted-by-something-new") == known
+        assert disruption.upgrade("evicted-by-something-new", known) == known
+    assert disruption.upgrade("first-new-reason", "second-new-reason") == "first-new-reason"
+    assert disruption.upgrade("unknown", "first-new-reason") == "unknown"
+
+
 def test_a_bounded_call_returns_its_value_or_gives_up():
     assert disruption._bounded(lambda: 7, 1.0) == (True, 7)
     assert disruption._bounded(lambda: 1 / 0, 1.0) == (False, None)

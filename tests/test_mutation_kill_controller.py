@@ -34,7 +34,7 @@ def _slice(name: str, service: str, pods: list[tuple[str, str]]) -> dict:
 
 
 def _settings(**kw) -> haproxy_ctl.Settings:
-    base = dict(namespace="ns", node_name="node-a", routes_path="", socket="", metrics_addr="127.0.0.1",
+    base = dict(namespace="ns", node_name="node-a", pod_name="router-a", routes_path="", socket="", metrics_addr="127.0.0.1",
                 metrics_port=0, api_host=None, sync_s=0.05, watch_timeout_s=5, retry_s=0.1)
     return haproxy_ctl.Settings(**{**base, **kw})
 
@@ -75,7 +75,8 @@ def test_an_overflow_backend_has_no_capacity_gauge_and_its_own_servers():
     ctl.sync()
     assert _sample(ctl, "gpuinfra_router_capacity", backend="ovf-m") is None
     assert _sample(ctl, "gpuinfra_router_servers", backend="ovf-m", locality="remote") == 1
-    assert not [c for c in api.log if c.startswith("set map")]
+    assert [c for c in api.log if c.startswith("set map")] == ["set map /caps.map _synced 1"], \
+        "no capacity written for an overflow backend; only the pass's own mark"
 
 
 class Flaky(Runtime):
@@ -134,6 +135,36 @@ def test_a_refused_command_is_a_failed_pass_and_not_ready():
         ctl.state.changed.set()
 
 
+class Stalled(Runtime):
+    """A runtime API that holds the pass's first read (`get map` of the synced flag) until released."""
+
+    def __init__(self) -> None:
+        super().__init__({})
+        self.reading, self.release = threading.Event(), threading.Event()
+
+    def __call__(self, cmd: str) -> str:
+        if cmd.startswith("get map"):
+            self.reading.set()
+            self.release.wait(30)
+        return super().__call__(cmd)
+
+
+def test_not_ready_while_the_first_pass_is_still_under_way():
+    api = Stalled()
+    ctl = _controller(api)
+    ctl.state.reset([_slice("s1", "m", [("10.0.0.1", "node-a")])])
+    stop = _run(ctl)
+    try:
+        assert api.reading.wait(20), "the first pass reads HAProxy"
+        assert not ctl.ready.is_set(), "ready before the first pass reached HAProxy"
+        api.release.set()
+        assert _wait(lambda: ctl.passes >= 1) and ctl.ready.is_set()
+    finally:
+        api.release.set()
+        stop.set()
+        ctl.state.changed.set()
+
+
 def test_a_change_is_applied_at_once_not_at_the_next_interval():
     ctl = haproxy_ctl.Controller(_settings(sync_s=60), haproxy_ctl.Routes([PRIMARY], 500, 30.0, "/c"), Runtime({}),
                                  haproxy_ctl.SliceState(), haproxy_ctl.Metrics())
@@ -183,24 +214,25 @@ def test_the_slice_state_follows_list_and_watch_events():
 
 def test_settings_come_from_the_pods_environment():
     s = haproxy_ctl.Settings.from_env({"ROUTER_NAMESPACE": "llm", "NODE_NAME": "n1"})
-    assert s == haproxy_ctl.Settings(namespace="llm", node_name="n1", routes_path="/etc/router/routes.json",
+    assert s == haproxy_ctl.Settings(namespace="llm", node_name="n1", pod_name="n1", routes_path="/etc/router/routes.json",
                                      socket="/run/router/haproxy.sock", metrics_addr="0.0.0.0", metrics_port=9146,
                                      api_host=None, sync_s=0.5, watch_timeout_s=240, retry_s=2.0)
-    env = {"ROUTER_NAMESPACE": "x", "NODE_NAME": "y", "ROUTER_ROUTES": "/r.json", "ROUTER_SOCKET": "/s",
+    env = {"ROUTER_NAMESPACE": "x", "NODE_NAME": "y", "POD_NAME": "p", "ROUTER_ROUTES": "/r.json", "ROUTER_SOCKET": "/s",
            "ROUTER_METRICS_ADDR": "127.0.0.1", "ROUTER_METRICS_PORT": "1", "ROUTER_API_URL": "http://a",
            "ROUTER_SYNC_S": "0.25", "ROUTER_WATCH_TIMEOUT_S": "30", "ROUTER_RETRY_S": "0.5"}
-    assert haproxy_ctl.Settings.from_env(env) == haproxy_ctl.Settings("x", "y", "/r.json", "/s", "127.0.0.1", 1,
+    assert haproxy_ctl.Settings.from_env(env) == haproxy_ctl.Settings("x", "y", "p", "/r.json", "/s", "127.0.0.1", 1,
                                                                       "http://a", 0.25, 30, 0.5)
     assert haproxy_ctl.Settings.from_env({**env, "ROUTER_API_URL": ""}).api_host is None
 
 
 def test_the_routes_table_the_configmap_renders_is_the_one_the_controller_loads():
     """The seam between the two domains: specs.controller_routes -> routes.json -> Routes.load."""
-    cfg = variant("prod", lambda c: c.__setitem__("router", {"agent_interval_ms": 300}))
+    cfg = variant("prod", lambda c: c["router"].update(agent_interval_ms=300))
     models = [m for m, _ in cfg.placements_on("prod-use1")]
     doc = json.loads(specs.config_files(cfg.router, models)["routes.json"])
     r = haproxy_ctl.Routes.load(doc)
     assert r.agent_inter_ms == 300 and r.removal_timeout_s == 95.0 and r.caps_map == "/etc/router/caps.map"
+    assert r.router_service == specs.APP_NAME, "the Service whose endpoints count the routers"
     assert {b.name: (b.service, b.maxconn, b.local_first, b.capacity) for b in r.backends} == {
         "llama-70b": ("llama-70b", 128, True, True), "llama-70b-economy": ("llama-70b-economy", 32, True, True),
         "ovf-llama-70b": ("llama-70b-economy", 32, True, False)}

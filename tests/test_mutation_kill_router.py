@@ -36,6 +36,7 @@ class Runtime:
 
     def __init__(self, servers: dict[str, list[int]], add_reply: str = "New server registered.") -> None:
         self.servers, self.log, self.add_reply = servers, [], add_reply
+        self.maps: dict[tuple[str, str], str] = {}
 
     def __call__(self, cmd: str) -> str:
         self.log.append(cmd)
@@ -60,6 +61,15 @@ class Runtime:
         if cmd.startswith("del server"):
             self.servers.pop(target)
             return "Server deleted.\n"
+        if cmd.startswith("set map "):
+            path, key, value = words[2:5]
+            self.maps[(path, key)] = value
+        if cmd.startswith("get map "):  # as Debian's HAProxy 2.6.12 answers "get map"
+            path, key = words[2:4]
+            if (path, key) not in self.maps:
+                return "type=str, case=sensitive, found=no\n"
+            return (f'type=str, case=sensitive, found=yes, idx=tree, key="{key}", value="{self.maps[(path, key)]}", '
+                    'type="str"\n')
         return "\n"
 
 
@@ -164,8 +174,8 @@ def test_an_idle_server_is_deleted_at_once_and_a_refused_delete_is_retried():
 def test_the_add_command_carries_the_backends_limits_and_the_agent():
     w = hx.Want("pod-a", 7, "10.1.2.3", 8000, True)
     assert hx.add_command(PRIMARY, w, 250) == (
-        "add server m/pod-a 10.1.2.3:8000 id 7 weight 100 maxconn 16 check inter 1s fall 2 rise 1 agent-check "
-        "agent-port 8092 agent-inter 250ms pool-purge-delay 1s")
+        "add server m/pod-a 10.1.2.3:8000 id 7 weight 100 maxconn 16 check port 8092 inter 400ms fall 2 rise 1 "
+        "agent-check agent-port 8092 agent-inter 250ms agent-send share=0/1. pool-purge-delay 1s")
     v6 = hx.add_command(PRIMARY, hx.Want("pod-b", 8, "fd00::5", 8000, False), 500)
     assert " [fd00::5]:8000 " in v6
 
@@ -203,6 +213,7 @@ def test_server_names_keep_what_haproxy_allows_and_replace_the_rest():
     assert hx.server_name("a/b c+d") == "a_b_c_d"
     assert hx.server_name("p" * 150) == "p" * 100
     assert hx.server_name("pöd-é") == "p_d-_", "HAProxy allows ASCII letters and digits only"
+    assert hx.server_name("Pod-A.B") == "Pod-A.B", "capitals too"
 
 
 def _colliding_uids() -> tuple[str, str]:
@@ -226,6 +237,63 @@ def test_ids_are_positive_below_the_remote_base_and_collisions_get_the_next_free
         assert 0 < hx.stable_id(uid) < hx.REMOTE_BASE
     remote = hx.wanted(PRIMARY, eps, "elsewhere")
     assert all(hx.REMOTE_BASE < x.id < 2**31 and not x.local for x in remote.values())
+
+
+# ---- this router's share of each replica's slots --------------------------------------------------
+
+ECON_OWN = hx.BackendSpec("m-economy", "m-economy", "http", 8092, 8, True, True)
+OVERFLOW = hx.BackendSpec("ovf-m", "m-economy", "http", 8092, 8, True, False)
+ONE_SLOT = hx.BackendSpec("m", "m", "http", 8092, 1, True, True)
+
+
+def test_each_router_and_backend_gets_its_own_place_routers_first_then_backends_by_name():
+    """m-economy's replicas feed two backends on each router (its own route and m's overflow): with
+    two routers, four places, router by router, each router's backends by name."""
+    places = {(me, name): share for me in ("r-a", "r-b")
+              for name, share in hx.shares([PRIMARY, ECON_OWN, OVERFLOW], ["r-b", "r-a"], me).items()}
+    assert places == {("r-a", "m"): hx.Share(0, 2), ("r-b", "m"): hx.Share(1, 2),
+                      ("r-a", "m-economy"): hx.Share(0, 4), ("r-a", "ovf-m"): hx.Share(1, 4),
+                      ("r-b", "m-economy"): hx.Share(2, 4), ("r-b", "ovf-m"): hx.Share(3, 4)}
+
+
+def test_a_share_of_no_slots_is_weight_0_with_maxconn_1_and_one_slot_keeps_its_weight():
+    api = Runtime({"a": [1, 0, 100, 0, 0]})
+    hx.apply_share(api, ONE_SLOT, "a", hx.Share(1, 2))  # one slot, two places: this one gets none
+    assert api.log == ["set server m/a agent-send share=1/2.", "set maxconn server m/a 1", "set weight m/a 0"], \
+        "maxconn 0 would be unlimited: 1, with weight 0 so nothing new comes"
+    api.log.clear()
+    hx.apply_share(api, ONE_SLOT, "a", hx.Share(0, 2))
+    assert api.log == ["set server m/a agent-send share=0/2.", "set maxconn server m/a 1"], \
+        "the one slot: the weight is left to the agent's next reply"
+
+
+def _base_for(server: str, slots: int) -> hx.Share:
+    """This router's base place (of two) that gives `server` `slots` of ONE_SLOT's one slot."""
+    return next(hx.Share(i, 2) for i in range(2) if hx.server_share(hx.Share(i, 2), server).slots(1) == slots)
+
+
+@pytest.mark.parametrize("slots", [0, 1])
+def test_a_server_is_added_with_its_share_and_the_share_is_sent_once(slots):
+    api, sent = Runtime({}), {}
+    base = _base_for("a", slots)
+    share = hx.server_share(base, "a")
+    hx.reconcile(api, ONE_SLOT, want("a"), {}, 0.0, 30, 500, None, base, sent)
+    add = next(c for c in api.log if c.startswith("add server"))
+    assert f" maxconn 1 " in add and f" agent-send {share.token()} " in add
+    assert ("set weight m/a 0" in api.log) == (slots == 0), "weight 0 only for a share of no slots"
+    assert sent == {"a": share}
+    api.log.clear()
+    hx.reconcile(api, ONE_SLOT, want("a"), {}, 1.0, 30, 500, None, base, sent)
+    assert not [c for c in api.log if c.startswith("set ")], "the share it was added with is not sent again"
+
+
+def test_the_router_count_reads_every_router_slice_and_one_name_per_endpoint():
+    other = {"metadata": {"labels": {hx.SERVICE_NAME_LABEL: "m"}}, "endpoints": [{"addresses": ["10.9.9.9"]}]}
+    routers = {"metadata": {"labels": {hx.SERVICE_NAME_LABEL: "gpuinfra-router"}},
+               "endpoints": [{"addresses": ["10.0.0.1", "10.0.0.2"]},
+                             {"addresses": ["10.0.0.3"], "targetRef": {"name": "r-c"}}]}
+    assert hx.routers_of([other, routers], "gpuinfra-router") == ["10.0.0.1", "r-c"], \
+        "a slice of another Service before the routers' is skipped; an endpoint is one router, by its first address"
 
 
 # ---- the real HAProxy: the runtime API over TCP, admin-state bits, and a silent peer -------------
@@ -277,6 +345,19 @@ def test_admin_states_read_from_haproxy_decide_usable(haproxy_tcp_api):
     assert not hx.have(api, "m")["s"].usable, "weight 0: the agent reported saturation"
     h = hx.have(api, "m")["s"]
     assert (h.name, h.id, h.address, h.port, h.sessions, h.limit) == ("s", 5, "127.0.0.1", 9, 0, 16)
+
+
+@needs_haproxy
+def test_the_synced_flag_is_read_from_and_written_to_haproxys_map(haproxy_tcp_api, tmp_path: Path):
+    api, _ = haproxy_tcp_api
+    caps = str(tmp_path / "caps.map")
+    assert not hx.synced(api, caps), "the rendered map holds _synced 0"
+    hx.mark_synced(api, caps)
+    assert hx.synced(api, caps)
+    api(f"set map {caps} {hx.SYNCED_KEY} 0")
+    assert not hx.synced(api, caps)
+    with pytest.raises(hx.ApiError, match=r"^'set map': Unknown map identifier"):
+        hx.mark_synced(api, str(tmp_path / "other.map"))
 
 
 def test_a_runtime_api_that_never_answers_is_cut_at_its_deadline():
@@ -331,7 +412,7 @@ def _second_primary(cfg: dict) -> None:
                engine={**QWEN["engine"], "max_num_seqs": 48}, drain={"max_request_s": 95})(cfg)
     with_model(QWEN, [{"cluster": "prod-use1", "pool": "l4", "min_replicas": 0, "max_replicas": 2}],
                name="qwen-chat-economy", tier="economy", engine={**QWEN["engine"], "max_num_seqs": 24})(cfg)
-    cfg["router"] = {"settle_s": 17, "memory_mib": 512, "max_tries": 3, "agent_interval_ms": 300,
+    cfg["router"] = {**cfg["router"], "settle_s": 17, "memory_mib": 512, "max_tries": 3, "agent_interval_ms": 300,
                      "affinity": {"qwen-chat": {"header": "X-Conversation", "balance_factor": 125}}}
 
 
@@ -362,7 +443,7 @@ def test_the_router_pods_grace_counts_settle_the_longest_request_and_both_margin
     models = _on(cfg, "prod-use1")
     s = specs.settings(cfg.router, models)
     assert (s.timeout_s, s.hard_stop_s, s.retries, s.threads) == (95, 95 + 5, 2, 2)
-    assert s.maxconn == specs.maxconn(cfg.router) == (512 - 48) * 1024 // 48
+    assert s.maxconn == specs.maxconn(cfg.router, models) == (512 - 48) * 1024 // 328, "16384 tokens x 6 bytes"
     assert specs.termination_grace_s(cfg.router, models) == 17 + 100 + 5
     pool = GpuPoolInfo("l4", "spot", True, "L4", 4, {"gpuinfra.io/pool": "l4"}, ())
     pod = specs.pod_spec(cfg.router, models, [pool], "runtime@sha256:x")
@@ -374,11 +455,19 @@ def test_the_router_pods_grace_counts_settle_the_longest_request_and_both_margin
 
 
 def test_haproxys_connection_and_memory_limits_follow_the_memory_setting():
-    for mib in (96, 256, 512, 16384):
+    """maxconn: HAProxy's memory less its own 48 MiB, over what one stream may hold: three buffers
+    (the request, its retry copy, the response) of tune.bufsize plus 16 KiB. prod's routes take
+    16384 tokens at 6 bytes per token: a 98304-byte body + 8192 bytes of headroom = 106496-byte
+    buffers, 3 x 104 KiB + 16 = 328 KiB a stream."""
+    models = _on(variant("prod", lambda cfg: None), "prod-use1")
+    for mib, streams in ((96, 149), (256, 649), (512, 1448), (16384, 51000)):
         rc = RouterConfig(memory_mib=mib, cpu_millicores=500)
-        assert specs.maxconn(rc) == (mib - specs.BASE_MIB) * 1024 // specs.PER_CONN_KIB
+        assert (specs.bufsize(rc, models), specs.stream_kib(rc, models)) == (106496, 328)
+        assert specs.maxconn(rc, models) == streams == (mib - 48) * 1024 // 328
         assert specs.memory_cap_mib(rc) == mib - 16
-    c = specs.haproxy_container(RouterConfig(memory_mib=512), [])
+    huge = RouterConfig(memory_mib=96, bytes_per_token=64)  # 1 MiB bodies: 15 streams fit in 48 MiB
+    assert (specs.stream_kib(huge, models), specs.maxconn(huge, models)) == (3112, 64), "never below 64"
+    c = specs.haproxy_container(RouterConfig(memory_mib=512), models)
     assert c["command"][-2:] == ["-m", "496"]
     assert c["resources"]["limits"]["memory"] == c["resources"]["requests"]["memory"] == "512Mi"
 
@@ -413,7 +502,7 @@ def test_a_config_with_two_primaries_and_header_affinity_passes_haproxy_c(tmp_pa
     r = haproxy_check(tmp_path / "haproxy.cfg")
     assert r.returncode == 0, r.stderr
     assert "balance hash req.hdr(X-Conversation)" in text and "hash-balance-factor 125" in text
-    assert files["caps.map"] == "llama-70b 0\nllama-70b-economy 0\nqwen-chat 0\nqwen-chat-economy 0\n"
+    assert files["caps.map"] == "llama-70b 0\nllama-70b-economy 0\nqwen-chat 0\nqwen-chat-economy 0\n_synced 0\n"
 
 
 def test_the_router_config_refuses_clashing_ports_and_more_cpu_than_threads():
@@ -514,6 +603,10 @@ class Upstream:
                 self.end_headers()
                 self.wfile.write(body)
 
+            def do_POST(self) -> None:  # noqa: N802
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                self.do_GET()
+
             def log_message(self, *a) -> None:
                 pass
 
@@ -561,12 +654,13 @@ def overflow_router(tmp_path: Path, agent_port: int):
 
 @pytest.fixture
 def agent_port():
-    """The replicas' agent-check responder (runtime/agent_check.py) answering `up` at full weight:
-    without an agent reply a dynamic server leaves maintenance DOWN and stays so."""
+    """The replicas' agent-check responder (runtime/agent_check.py) answering `up` at full weight,
+    to the health check (`up` passes it) and to the agent check: without them a dynamic server
+    leaves maintenance DOWN and stays so."""
     from runtime import agent_check
 
     stop, port = threading.Event(), free_port()
-    agent_check.serve("127.0.0.1", port, lambda: "ready up 100%\n", stop)
+    agent_check.serve("127.0.0.1", port, lambda share: "up 100%\n", stop)
     yield port
     stop.set()
 
@@ -660,10 +754,13 @@ def test_every_backend_retries_within_its_tier_and_hashes_what_its_affinity_name
     cfg = variant("prod", edit)
     models = _on(cfg, "prod-use1")
     rs = {r.model: r for r in specs.routes(cfg.router, models)}
-    assert rs["llama-70b"].affinity == cfgmod.Affinity(512, None, 150)
-    assert rs["qwen-chat"].affinity == cfgmod.Affinity(256, "X-Conversation", 150)
+    assert rs["llama-70b"].affinity == cfgmod.Affinity(512, None, 200)
+    assert rs["qwen-chat"].affinity == cfgmod.Affinity(256, "X-Conversation", 200)
     text = cfgmod.render(list(rs.values()), specs.settings(cfg.router, models))
     blocks = {b.split("\n", 1)[0].removeprefix("backend "): b for b in text.split("\n\n") if b.startswith("backend ")}
+    demand = {n for n in blocks if n.startswith(cfgmod.DEMAND_PREFIX)}
+    assert demand == {"demand-llama-70b", "demand-qwen-chat"}, "one counting table per overflowing primary"
+    blocks = {n: b for n, b in blocks.items() if n not in demand}
     assert set(blocks) == {"llama-70b", "llama-70b-economy", "qwen-chat", "qwen-chat-economy", "ovf-llama-70b",
                            "ovf-qwen-chat"}
     assert all("    retries 2\n" in b for b in blocks.values()), blocks

@@ -25,13 +25,19 @@ def _pvc(cfg: dict, *names: str) -> None:
         model(cfg, n)["cache"] = {"kind": "pvc", "pvc_size_gib": 200}
 
 
+def _host_path(cfg: dict, *names: str) -> None:
+    for n in names:
+        model(cfg, n)["cache"] = {"kind": "host_path"}
+
+
 def _split(cfg: dict) -> None:
     """prod-use1 serves the llama entries from a PVC cache; prod-usc1 serves only a second model
     that keeps its cache on a hostPath."""
     _pvc(cfg, "llama-70b", "llama-70b-economy")
     for n in ("llama-70b", "llama-70b-economy"):
         model(cfg, n)["placements"] = [p for p in model(cfg, n)["placements"] if p["cluster"] == "prod-use1"]
-    with_model(QWEN, [{"cluster": "prod-usc1", "pool": "l4", "min_replicas": 1, "max_replicas": 2}])(cfg)
+    with_model(QWEN, [{"cluster": "prod-usc1", "pool": "l4", "min_replicas": 1, "max_replicas": 2}],
+               cache={"kind": "host_path"})(cfg)
 
 
 def enforced(cfg, cluster) -> dict[str, str]:
@@ -60,12 +66,20 @@ def test_a_cluster_that_serves_nothing_is_restricted():
 def test_one_host_path_model_among_pvc_ones_makes_the_cluster_privileged():
     def edit(cfg: dict) -> None:
         _pvc(cfg, "llama-70b")
+        _host_path(cfg, "llama-70b-economy")
         with_model(QWEN, [{"cluster": "prod-use1", "pool": "l4", "min_replicas": 1, "max_replicas": 2}],
                    cache={"kind": "pvc", "pvc_size_gib": 50})(cfg)
 
     cfg = variant("prod", edit)
-    assert serving_level(cfg, "prod-use1") == "privileged", "the economy entry still keeps its cache on a hostPath"
+    assert serving_level(cfg, "prod-use1") == "privileged", "the economy entry keeps its cache on a hostPath"
     assert serving_level(cfg, "prod-usc1") == "privileged"
+
+
+def test_the_default_cache_keeps_every_serving_namespace_at_baseline():
+    """An emptyDir cache (the default) passes every level: vLLM's root user alone sets baseline."""
+    cfg = variant("prod", lambda c: None)
+    assert {c.name: serving_level(cfg, c.name) for c in cfg.clusters} == {"prod-use1": "baseline",
+                                                                          "prod-usc1": "baseline"}
 
 
 def test_the_system_namespace_follows_the_agent():

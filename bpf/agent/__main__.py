@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     if s.uninstall:
         try:
             r = pins.uninstall(s.pin_dir, s.bpf_dir, deadline_s=s.uninstall_drain_seconds)
-        except OSError as e:  # PinDirError, or a map that cannot be opened or emptied
+        except (OSError, pins.PinDirError) as e:  # a map that cannot be opened or emptied, a pin left
             log.error("uninstall %s: %s", s.pin_dir, e)
             return 1
         log.info("returned %d sockets to TCP (%d with unread redirected bytes) and removed the pins under %s",

@@ -112,9 +112,13 @@ def remove_stale(pin_dir: str, unit: str, keep: str) -> list[str]:
     if os.path.isdir(os.path.join(pin_dir, unit)):  # the unversioned layout of agents <= 0.1
         shutil.rmtree(os.path.join(pin_dir, unit), ignore_errors=True)
         gone.append(os.path.join(pin_dir, unit))
+    stay = [path for path in gone if os.path.lexists(path)]  # rmtree could not remove everything
     for path in gone:
-        log.info("removed stale pins %s", path)
-    return gone
+        if path in stay:
+            log.warning("stale pins %s could not all be removed: they stay", path)
+        else:
+            log.info("removed stale pins %s", path)
+    return [path for path in gone if path not in stay]
 
 
 def uninstall(pin_dir: str, bpf_dir: str, deadline_s: float = 10.0, grace: float | None = None,
@@ -146,6 +150,9 @@ def uninstall(pin_dir: str, bpf_dir: str, deadline_s: float = 10.0, grace: float
         if lock:
             for name in os.listdir(pin_dir):
                 shutil.rmtree(os.path.join(pin_dir, name), ignore_errors=True)
+            left = sorted(os.listdir(pin_dir))
+            if left:  # the sockets went back to TCP, but uninstall did not finish: say so
+                raise OSError(errno.ENOTEMPTY, f"pins left under {pin_dir} (removing them failed): {', '.join(left)}")
     finally:
         if lock:
             lock.release()

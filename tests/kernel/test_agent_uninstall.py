@@ -74,6 +74,24 @@ def test_uninstall_returns_redirected_sockets_to_tcp_so_a_drop_rule_applies(bpf_
         listener.close()
 
 
+def test_uninstall_while_an_agent_holds_the_node_is_a_one_line_error(bpf_build, pin_dir):
+    """The lock refused is the agent's own PinDirError, not an OSError: it is said in one line too."""
+    os.makedirs(pin_dir)
+    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDONLY); "
+                               "fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); sys.stdin.read()", pin_dir],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        r = subprocess.run([sys.executable, "-m", "agent", "--pin-dir", pin_dir, "--uninstall"],
+                           cwd=BPF_DIR, capture_output=True, text=True, timeout=60)
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=10)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert [line.split(" ERROR ", 1)[1] for line in _error_lines(r.stderr)] == [
+        f"agent: uninstall {pin_dir}: another eBPF agent holds {pin_dir}; one agent per node"], r.stderr
+
+
 def test_pin_dir_that_cannot_be_written_is_a_one_line_error(bpf_build, test_cgroup, tmp_path):
     """What containerd's default AppArmor profile does to writes under /sys/fs/bpf, a read-only
     bpffs does here: every pin would fail."""

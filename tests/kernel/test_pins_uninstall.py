@@ -24,6 +24,7 @@ import sys
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
+from bpf.agent import drain as agent_drain  # noqa: E402
 from bpf.agent import libbpf, pins  # noqa: E402  (the package path the mutation gate mutates)
 from bpf.agent.programs import SockRedir  # noqa: E402
 
@@ -87,6 +88,20 @@ class Accelerated:
         self.sockhash = os.path.join(self.pin_path, "sockredir_sockhash")
         self.conns = os.path.join(self.pin_path, "sockredir_conns")
         assert _keys(self.sockhash) == 2 and _keys(self.conns) >= 2, "the sockets stay in the pinned maps"
+        # Opened by id, so they can be counted after uninstall removed the pins.
+        self.maps = {name: libbpf.PinnedMap(os.path.join(self.pin_path, name)) for name in
+                     ("sockredir_sockhash", "sockredir_conns")}
+        sockhash_id = self.maps["sockredir_sockhash"].id
+
+        def programs() -> list[tuple[int, str, list[int]]]:
+            """The host's loaded programs narrowed to this test's own (other tests, and other people's,
+            may run sockredir on this host at the same time: uninstall must not touch theirs)."""
+            return [p for p in agent_drain.loaded_programs() if sockhash_id in p[2]]
+
+        self.programs = programs
+
+    def count(self, name: str) -> int:
+        return len(self.maps[name].keys())
 
     def crosses_a_drop_rule(self) -> bool:
         """Whether the client's bytes still reach the server with TCP to the port dropped (only a
@@ -97,6 +112,8 @@ class Accelerated:
     def close(self) -> None:
         for s in (self.client, self.server, self.listener):
             s.close()
+        for m in self.maps.values():
+            m.close()
 
 
 @pytest.fixture
@@ -107,68 +124,91 @@ def accelerated(bpf_build, test_cgroup, pin_dir, make_netns):
     a.close()
 
 
-def test_uninstall_returns_every_socket_to_tcp_and_removes_every_pin(accelerated, pin_dir):
+def _fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_uninstall_returns_every_socket_to_tcp_and_removes_every_pin(accelerated, pin_dir, bpf_build):
     _drop_port(accelerated.ns, PORT)
-    assert pins.uninstall(pin_dir, grace=0.2) == 2
+    fds = _fds()
+    r = pins.uninstall(pin_dir, bpf_build, grace=0.2, programs=accelerated.programs)
+    assert (r.sockets, r.forced, r.lost_bytes) == (2, 0, 0)
+    assert accelerated.count("sockredir_sockhash") == accelerated.count("sockredir_conns") == 0
     assert not accelerated.crosses_a_drop_rule(), "bytes crossed a drop rule after uninstall: still redirected"
     assert not os.path.exists(pin_dir)
+    assert _fds() == fds, "every map, the drain iterator and the lock closed"
 
 
-def test_a_redirected_socket_skips_the_drop_rule_until_uninstall(accelerated, pin_dir):
+def test_a_redirected_socket_skips_the_drop_rule_until_uninstall(accelerated, pin_dir, bpf_build):
     """The premise of the test above: without uninstall the accelerated bytes skip netfilter."""
     _drop_port(accelerated.ns, PORT)
     assert accelerated.crosses_a_drop_rule()
-    assert pins.uninstall(pin_dir, grace=0) == 2
+    assert pins.uninstall(pin_dir, bpf_build, grace=0, programs=accelerated.programs).sockets == 2
     assert not accelerated.crosses_a_drop_rule()
 
 
-def test_new_redirects_stop_before_the_sockets_leave_the_sockhash(accelerated, pin_dir):
+def test_new_redirects_stop_before_the_sockets_leave_the_sockhash(accelerated, pin_dir, bpf_build):
     """First the peer entries go (sk_msg then passes to TCP), then after the grace the sockets leave
     the sockhash: during the grace a socket is still in the sockhash but nothing is redirected."""
-    done: list[int] = []
-    t = threading.Thread(target=lambda: done.append(pins.return_sockets_to_tcp(pin_dir, grace=GRACE)), daemon=True)
+    done: list = []
+    t = threading.Thread(target=lambda: done.append(pins.uninstall(pin_dir, bpf_build, grace=GRACE,
+                                                                   programs=accelerated.programs)), daemon=True)
     t0 = time.monotonic()
     t.start()
     end = time.monotonic() + 20
-    while _keys(accelerated.conns) and time.monotonic() < end:
+    while accelerated.count("sockredir_conns") and time.monotonic() < end:
         time.sleep(0.02)
-    assert _keys(accelerated.conns) == 0 and _keys(accelerated.sockhash) == 2 and not done
+    assert accelerated.count("sockredir_conns") == 0 and accelerated.count("sockredir_sockhash") == 2 and not done
     _drop_port(accelerated.ns, PORT)
     assert not accelerated.crosses_a_drop_rule(), "a socket still in the sockhash redirected after its peers went"
     t.join(GRACE + 30)
-    assert done == [2] and time.monotonic() - t0 >= GRACE, "the sockets leave only after the grace"
-    assert _keys(accelerated.sockhash) == 0
+    assert done and done[0].sockets == 2 and time.monotonic() - t0 >= GRACE, "the sockets leave only after the grace"
+    assert accelerated.count("sockredir_sockhash") == 0
+
+
+def test_without_the_drain_iterator_every_socket_still_goes_back_to_tcp(accelerated, pin_dir, tmp_path):
+    """A kernel (or a build) without the drain iterator: the sockets are unlinked after the grace
+    and the deadline, counted as forced."""
+    _drop_port(accelerated.ns, PORT)
+    fds = _fds()
+    r = pins.uninstall(pin_dir, str(tmp_path / "no-build"), deadline_s=0, grace=0, programs=accelerated.programs)
+    assert (r.sockets, r.forced) == (2, 2)
+    assert not accelerated.crosses_a_drop_rule() and not os.path.exists(pin_dir)
+    assert _fds() == fds
 
 
 def test_nothing_to_return_waits_no_grace(bpf_build, pin_dir):
     os.makedirs(os.path.join(pin_dir, "cudalat-abc"))
     t0 = time.monotonic()
-    assert pins.return_sockets_to_tcp(pin_dir, grace=60) == 0
+    r = pins.uninstall(pin_dir, bpf_build, grace=60, programs=lambda: [])
+    assert (r.sockets, r.forced) == (0, 0)
     assert time.monotonic() - t0 < 30
+    assert not os.path.exists(pin_dir), "every pin, and the pin dir, removed"
 
 
-def test_uninstall_of_a_node_without_pins_does_nothing(bpffs):
+def test_uninstall_of_a_node_without_pins_does_nothing(bpffs, bpf_build):
     missing = os.path.join(bpffs, f"never-{uuid.uuid4().hex[:8]}")
-    assert pins.uninstall(missing) == 0
+    assert pins.uninstall(missing, bpf_build, programs=lambda: []).sockets == 0
     assert not os.path.exists(missing)
 
 
-def test_uninstall_waits_for_no_agent_and_refuses_while_one_holds_the_node(accelerated, pin_dir):
+def test_uninstall_waits_for_no_agent_and_refuses_while_one_holds_the_node(accelerated, pin_dir, bpf_build):
     lock = pins.NodeLock(pin_dir)
     try:
         with pytest.raises(pins.PinDirError, match="another eBPF agent holds .*; one agent per node"):
-            pins.uninstall(pin_dir, grace=0)
-        assert _keys(accelerated.sockhash) == 2, "nothing was touched"
+            pins.uninstall(pin_dir, bpf_build, grace=0, programs=accelerated.programs)
+        assert accelerated.count("sockredir_sockhash") == 2 and accelerated.count("sockredir_conns") >= 2, \
+            "nothing was touched"
     finally:
         lock.release()
     assert lock.fd == -1
     lock.release()  # twice is harmless
-    assert pins.uninstall(pin_dir, grace=0) == 2
+    assert pins.uninstall(pin_dir, bpf_build, grace=0, programs=accelerated.programs).sockets == 2
 
 
 def test_uninstall_keeps_the_pin_dir_when_it_is_a_mount_point(bpf_build, test_cgroup, make_netns, bpffs, tmp_path):
     """The DaemonSet mounts the agent's own directory of the node's bpffs (a hostPath volume: a bind
-    mount in the container): its contents go, the mount stays."""
+    mount in the container): its contents go, the mount stays, and the node lock is free again."""
     host_dir = os.path.join(bpffs, f"host-{uuid.uuid4().hex[:8]}")
     os.mkdir(host_dir)
     mnt = tmp_path / "agent-bpffs"
@@ -177,8 +217,9 @@ def test_uninstall_keeps_the_pin_dir_when_it_is_a_mount_point(bpf_build, test_cg
     try:
         a = Accelerated(bpf_build, str(mnt), test_cgroup, make_netns())
         try:
-            assert pins.uninstall(str(mnt), grace=0) == 2
+            assert pins.uninstall(str(mnt), bpf_build, grace=0, programs=a.programs).sockets == 2
             assert os.path.ismount(mnt) and os.listdir(mnt) == []
+            pins.NodeLock(str(mnt)).release()  # uninstall let go of the lock
         finally:
             a.close()
     finally:
@@ -269,8 +310,24 @@ def test_an_existing_pin_dir_that_cannot_be_written_is_refused(tmp_path, monkeyp
         subprocess.run(["umount", "-l", str(ro)], check=False, timeout=10)
 
 
-def test_the_grace_is_waited_as_given_and_only_when_sockets_are_pinned(accelerated, pin_dir, monkeypatch):
-    slept: list[float] = []
-    monkeypatch.setattr(pins.time, "sleep", lambda s: slept.append(s))
-    assert pins.uninstall(pin_dir, grace=0.3) == 2
-    assert slept == [0.3]
+def test_the_grace_and_the_deadline_are_passed_as_given(accelerated, pin_dir, bpf_build, monkeypatch):
+    seen: list[tuple[float, float]] = []
+    real = agent_drain.return_to_tcp
+
+    def recording(sets, drainer, grace, deadline_s):
+        seen.append((grace, deadline_s))
+        return real(sets, drainer, grace=grace, deadline_s=deadline_s)
+
+    monkeypatch.setattr(agent_drain, "return_to_tcp", recording)
+    assert pins.uninstall(pin_dir, bpf_build, deadline_s=7.5, grace=0.3, programs=accelerated.programs).sockets == 2
+    assert seen == [(0.3, 7.5)]
+
+
+def test_the_grace_defaults_to_the_kernels_eviction_grace(bpffs, bpf_build, monkeypatch):
+    seen: list[tuple[float, float]] = []
+    monkeypatch.setattr(agent_drain, "return_to_tcp",
+                        lambda sets, drainer, grace, deadline_s: seen.append((grace, deadline_s)) or agent_drain.Returned())
+    d = os.path.join(bpffs, f"defaults-{uuid.uuid4().hex[:8]}")
+    os.mkdir(d)
+    pins.uninstall(d, bpf_build, programs=lambda: [])
+    assert seen == [(agent_drain.GRACE_SECONDS, 10.0)]
