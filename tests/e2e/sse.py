@@ -298,6 +298,28 @@ def normalized(raw_body: bytes) -> bytes:
     return _VOLATILE.sub(blank, raw_body)
 
 
+def content(raw_body: bytes) -> tuple[str, list[str]]:
+    """What a stream says, whatever its event boundaries: the completion's text joined over every
+    event, and each event with its text, id and timestamp blanked (sorted JSON), de-duplicated in
+    order. vLLM merges a request's token deltas into one event when its API server falls behind the
+    engine (vllm 0.32.0 vllm/v1/engine/output_processor.py `RequestOutputCollector`: "When streaming
+    deltas, RequestOutputs are merged if the producer gets ahead of the consumer"), so two runs of
+    one greedy completion may frame it differently on a busy machine; a corrupted or lost byte
+    still changes one of these (or fails the strict parse)."""
+    events, _ = parse_sse(raw_body)
+    text, shapes = [], []
+    for e in events:
+        blanked = json.loads(json.dumps(e))
+        blanked["id"], blanked["created"] = "", 0
+        for choice in blanked.get("choices") or []:
+            text.append(choice.get("text") or "")
+            choice["text"] = ""
+        shape = json.dumps(blanked, sort_keys=True)
+        if not shapes or shapes[-1] != shape:
+            shapes.append(shape)
+    return "".join(text), shapes
+
+
 async def _run_cli(host: str, port: int, model: str, n: int, max_tokens: int, concurrency: int) -> list[dict]:
     sem = asyncio.Semaphore(concurrency)
 

@@ -4,7 +4,9 @@ its client in another, the agent's sockredir attached to the cgroup holding both
 - byte-exact SSE: every stream through the fast path parses strictly (chunked sizes, SSE
   framing, [DONE]), and the same greedy completions through the fast path and through plain TCP
   (a client the agent does not see) are identical byte for byte once the per-request id and
-  timestamp are blanked;
+  timestamp are blanked, whenever vLLM framed both streams into the same events; on a busy machine
+  vLLM may merge token deltas into fewer events on one side (sse.content cites where), and then
+  the joined text and every event's other fields must be identical;
 - the agent's redirect counter moves with the fast-path streams and stays still with plain TCP.
 TTFT/ITL side by side are a benchmark (`make bench`, bench/e2e_vllm_agent_bench.py), not a test.
 """
@@ -58,7 +60,10 @@ def test_sse_through_the_fast_path_is_byte_exact_and_redirected(node_with_server
         assert f["outcome"] == p["outcome"] == "complete", (f["outcome"], f["error"], p["outcome"], p["error"])
         assert f["completion_tokens"] == MAX_TOKENS
         fb, pb = base64.b64decode(f["body"]), base64.b64decode(p["body"])
-        assert sse.normalized(fb) == sse.normalized(pb), "fast-path SSE bytes differ from plain TCP"
+        if len(sse.parse_sse(fb)[0]) == len(sse.parse_sse(pb)[0]):  # vLLM framed both alike: every byte
+            assert sse.normalized(fb) == sse.normalized(pb), "fast-path SSE bytes differ from plain TCP"
+        else:  # vLLM merged some deltas on one side (a busy machine): the same text and event fields
+            assert sse.content(fb) == sse.content(pb), "fast-path SSE content differs from plain TCP"
     # Each stream is at least one sk_msg send each way (the request; the response head and
     # events, which the server may coalesce): the counter must move by 2 per stream at least ...
     assert after_fast - before >= 2 * PAIRS, f"{REDIRECTED} moved {after_fast - before}, expected >= {2 * PAIRS}"
