@@ -36,11 +36,12 @@ def private_bpffs() -> str:
     global _PRIVATE_BPFFS
     if _PRIVATE_BPFFS is None:
         import atexit
-        import subprocess
         import tempfile
 
+        from tests import bpffs_mounts
+
         path = tempfile.mkdtemp(prefix="gpuinfra-bpffs-")
-        subprocess.run(["mount", "-t", "bpf", "bpf", path], check=True, timeout=10)
-        atexit.register(lambda: subprocess.run(["umount", "-l", path], check=False, timeout=10))
+        bpffs_mounts.mount_private(path)
+        atexit.register(bpffs_mounts.unmount, path)
         _PRIVATE_BPFFS = path
     return _PRIVATE_BPFFS

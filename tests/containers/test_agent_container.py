@@ -9,13 +9,13 @@ point; CONTAINERS.md)."""
 
 from __future__ import annotations
 
-import subprocess
 import time
 import uuid
 from pathlib import Path
 
 import pytest
 
+from tests import bpffs_mounts
 from tests.containers import podman_env
 from tests.containers.pod_to_podman import NodeFacts, Unsupported, run_args
 from tools.offline import manifest
@@ -43,9 +43,9 @@ def agent_pod(run) -> dict:
 def private_bpffs(tmp_path):
     path = tmp_path / "bpffs"
     path.mkdir()
-    subprocess.run(["mount", "-t", "bpf", "bpf", str(path)], check=True)
+    bpffs_mounts.mount_private(path)
     yield path
-    subprocess.run(["umount", "-l", str(path)], check=False)
+    bpffs_mounts.unmount(path)
 
 
 def test_agent_loads_its_programs_and_serves_metrics_under_the_rendered_security_context(

@@ -14,6 +14,7 @@ import uuid
 
 import pytest
 
+from tests import bpffs_mounts
 from tests.kernel_env import kernel_skip_reason as shared_skip_reason
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -68,9 +69,9 @@ def bpffs(kernel, tmp_path_factory) -> str:
     """A bpffs instance of this test session's own: pins never land in the node's shared
     /sys/fs/bpf, where another agent (or another test run) may be pinning too."""
     path = str(tmp_path_factory.mktemp("bpffs"))
-    subprocess.run(["mount", "-t", "bpf", "bpf", path], check=True, timeout=10)
+    bpffs_mounts.mount_private(path)  # and reaps what a killed session left mounted, pins and all
     yield path
-    subprocess.run(["umount", "-l", path], check=False, timeout=10)
+    bpffs_mounts.unmount(path)
 
 
 @pytest.fixture
