@@ -161,6 +161,79 @@ class VllmServer:
             os.kill(pid, signal.SIGSTOP)
         return pids
 
+    def held(self) -> float:
+        """vllm:num_requests_running + vllm:num_requests_waiting on the real /metrics."""
+        status, body = http_get(f"{self.url}/metrics", 10)
+        assert status == 200, f"/metrics answered {status}"
+        return sum(float(line.rsplit(" ", 1)[1]) for line in body.decode().splitlines()
+                   if line.startswith(("vllm:num_requests_running{", "vllm:num_requests_waiting{")))
+
+    def hold_scheduled(self, n: int, paused: Sequence[int], timeout: float = 60) -> tuple[list[int], float]:
+        """From paused workers (`pause_workers`, before the requests were sent: the tiny model
+        finishes 16 streams of 175 tokens in 0.4 s), lets them run in short slices until at least
+        `n` requests are in vLLM's scheduler (running + waiting, its own gauges); returns the
+        paused pids (`resume_workers`) and the count read.
+
+        vllm 0.32.0 (vllm/v1/engine/core.py): the engine core takes new requests off its input
+        queue only between steps, its gauges change only when a step ends, and once SIGTERM has
+        reached it an ADD still in that queue is rejected (`_reject_add_in_shutdown`: a 200 with no
+        token, tests/e2e/test_vllm_shutdown_window.py). So "in flight at SIGTERM" means in the
+        scheduler. While the workers are paused no step ends and nothing finishes, so a scrape,
+        however slow on a loaded machine, reads a count that still holds; when it reads fewer, the
+        workers run for one short slice and the count is read again. They are paused again by pid:
+        a walk of /proc for them, under CPU load, made one slice long enough for a whole request.
+        `hold_trace` keeps (slice seconds, count) for a failure's message."""
+        deadline = time.monotonic() + timeout
+        paused = list(paused)
+        held = self.held()
+        self.hold_trace = [(0.0, held)]
+        while held < n and time.monotonic() < deadline:
+            t = time.monotonic()
+            self.resume_workers(paused)
+            time.sleep(0.01)
+            for pid in paused:
+                os.kill(pid, signal.SIGSTOP)
+            sliced = time.monotonic() - t
+            held = self.held()
+            self.hold_trace.append((round(sliced, 3), held))
+        return paused, held
+
+    def unread(self) -> tuple[int, int]:
+        """(connections, bytes the API server has not read yet) on its port: every established TCP
+        socket whose local port is the server's, including those still in the listen backlog
+        (proc_net_tcp.rst: `rx_queue` is the receive queue; the `st` field 01 is ESTABLISHED)."""
+        conns = unread = 0
+        for name in ("tcp", "tcp6"):
+            with contextlib.suppress(FileNotFoundError):
+                for line in Path(f"/proc/net/{name}").read_text().splitlines()[1:]:
+                    f = line.split()
+                    if int(f[1].rsplit(":", 1)[1], 16) == self.port and f[3] == "01":
+                        conns += 1
+                        unread += int(f[4].split(":")[1], 16)
+        return conns, unread
+
+    def wait_requests_taken(self, n: int, timeout: float = 30, quiet_s: float = 0.3) -> bool:
+        """With the workers paused: until the API server has read every byte of at least `n`
+        connections and then used no CPU for `quiet_s` (it has parsed, tokenized and handed each
+        request to the engine core, and has nothing else to do while no step can finish). Under
+        CPU load this waits for the state, not for a time that a loaded machine may overrun."""
+        deadline = time.monotonic() + timeout
+        last, quiet_since = None, None
+        while time.monotonic() < deadline:
+            conns, unread = self.unread()
+            stat = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            cpu = int(stat[11]) + int(stat[12])  # utime + stime (proc(5) fields 14 and 15)
+            now = time.monotonic()
+            if conns >= n and unread == 0 and cpu == last:
+                quiet_since = quiet_since or now
+                if now - quiet_since >= quiet_s:
+                    return True
+            else:
+                quiet_since = None
+            last = cpu
+            time.sleep(0.05)
+        return False
+
     def resume_workers(self, pids: Sequence[int]) -> None:
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
