@@ -120,6 +120,12 @@ def agent_replies(r: Replica) -> int:
         return json.loads(resp.read())["replies"]
 
 
+def draining(r: Replica) -> bool:
+    """Whether the stand-in replica has handled its SIGTERM (it then answers new requests 500)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{r.port}/draining", timeout=10) as resp:
+        return json.loads(resp.read())["draining"]
+
+
 def slice_of(service: str, r: Replica) -> dict[str, Any]:
     """One EndpointSlice per replica (each has its own ports here; in a cluster they are shared)."""
     return {

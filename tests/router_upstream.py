@@ -114,6 +114,9 @@ def main() -> None:
             if path == "/agent-replies":
                 with lock:
                     return self._json(200, {"replies": state["replies"]})
+            if path == "/draining":  # whether SIGTERM has been handled: the test waits on it
+                with lock:
+                    return self._json(200, {"draining": state["draining"]})
             if self.path in ("/health", "/v1/models"):
                 self._json(200, {"object": "list", "data": [{"id": "tiny"}]} if self.path != "/health" else {})
             else:
@@ -170,10 +173,12 @@ def main() -> None:
                              "choices": [{"index": 0, "text": f" t{i}", "finish_reason": None}]}
                     self._chunk(f"data: {json.dumps(chunk)}\n\n")
                     time.sleep(a.token_delay)
+                # Journaled before the last bytes: a client that has the whole stream then always
+                # finds it (after them, a loaded machine let a test read the journal first).
+                journal({"id": rid, "outcome": "done"})
                 self._chunk("data: [DONE]\n\n")
                 self.wfile.write(b"0\r\n\r\n")
                 self.wfile.flush()
-                journal({"id": rid, "outcome": "done"})
             finally:
                 with lock:
                     state["inflight"] -= 1
@@ -225,7 +230,11 @@ def main() -> None:
     else:
         threading.Thread(target=srv.serve_forever, daemon=True).start()
     print(f"ready {a.name} {a.port}", flush=True)
-    done.wait()
+    # Waits in slices: a main thread blocked in one untimed Event.wait() ran the SIGTERM handler
+    # only 30 s later, or never, under CPU load (CPython runs Python signal handlers in the main
+    # thread, between bytecodes); the stand-in then served new requests as if it had no SIGTERM.
+    while not done.wait(0.1):
+        pass
     srv.shutdown()
 
 

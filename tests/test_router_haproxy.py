@@ -21,6 +21,7 @@ from tests.router_harness import (
     NODE,
     agent_replies,
     complete,
+    draining,
     journal,
     needs_haproxy,
     slices_for,
@@ -241,7 +242,12 @@ def test_sigterm_drain_finishes_streams_and_new_requests_go_elsewhere(tmp_path: 
     t = threading.Thread(target=lambda: out.update(reply=complete(r.url, "m", "long", 30)))
     t.start()
     wait_for(lambda: r.servers("m")["a"].sessions == 1, "the long stream on a")
+    # and a has taken it: HAProxy's session alone came before a read the request under CPU load,
+    # and a with nothing in flight exits at once on SIGTERM
+    wait_for(lambda: any(j["id"] == "long" and j["outcome"] == "start" for j in journal(tmp_path)), "a taking it")
     a.proc.send_signal(signal.SIGTERM)
+    # then new requests once a has handled SIGTERM (under CPU load it served three more before)
+    wait_for(lambda: draining(a), "a handling its SIGTERM")
     new = [complete(r.url, "m", f"n{i}", 3) for i in range(5)]
     t.join(30)
     assert out["reply"].done and len(out["reply"].chunks) == 30 and set(out["reply"].served_by) == {"a"}
