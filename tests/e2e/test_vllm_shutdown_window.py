@@ -34,12 +34,22 @@ def test_a_request_the_engine_has_not_taken_at_sigterm_gets_200_and_no_token(mod
     try:
         async def scenario():
             nonlocal paused
-            paused = srv.pause_workers()
-            a = asyncio.ensure_future(sse.stream_completion(srv.host, srv.port, model.served_name, "in the scheduler",
-                                                            64, timeout=120))
-            assert await asyncio.to_thread(srv.wait_requests_taken, 1), "the API server never took request A"
-            paused, held = await asyncio.to_thread(srv.hold_scheduled, 1, paused)
-            assert held == 1, f"request A never reached vLLM's scheduler: {held}, {srv.hold_trace[:30]}, {a.done()}"
+            # A request that got past the hold (generated whole before the count showed it; seen
+            # under CPU load in the whole suite, not explained, as in test_drain.py) is served like
+            # any other and another one is held, at most three tries.
+            for attempt in range(3):
+                paused = srv.pause_workers()
+                a = asyncio.ensure_future(sse.stream_completion(srv.host, srv.port, model.served_name,
+                                                                f"in the scheduler {attempt}", 64, timeout=120))
+                assert await asyncio.to_thread(srv.wait_requests_taken, 1, 10) or attempt < 2, \
+                    "the API server never took request A"
+                paused, held = await asyncio.to_thread(srv.hold_scheduled, 1, paused, 20)
+                if held == 1:
+                    break
+                srv.resume_workers(paused)
+                missed = await a
+                assert missed.outcome == "complete", (missed.outcome, missed.raw[-300:])
+            assert held == 1, f"request A never reached vLLM's scheduler: {held}, {srv.hold_trace[:30]}"
             b = asyncio.ensure_future(sse.stream_completion(srv.host, srv.port, model.served_name, "in the queue",
                                                             64, timeout=120))
             assert await asyncio.to_thread(srv.wait_requests_taken, 2), "the API server never took request B"
